@@ -1,0 +1,42 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set everything up first.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of this torch release installs from local disk on our machines; any other release
+# (or plain `torch` before it) pulls a multi-gigabyte CUDA build. GPU hosts install their own.
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install demo up test lint typecheck bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) manage.py demo
+
+up: install
+	$(PY) manage.py up
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: install
+	$(PY) -m mypy portal tasks gpuworkers
+
+test: install lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) manage.py bench
+
+clean:
+	rm -rf var test-artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,165 @@
+"""The warm model cache: one per worker process, so a model loads once and serves many shards.
+
+Models are kept least-recently-used first, keyed by `ModelSpec.cache_key` (name, version), within a
+byte budget (`settings.cache_budget_bytes`). Before a load, models are evicted until the newcomer
+fits. Its size is known only once it has been loaded, so a model never loaded in this process is
+assumed to need the whole budget: on its first load every other model goes, which on a GPU is the
+safe guess; later loads of it evict only what its measured size requires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuworkers import settings
+from gpuworkers.engines.base import Engine, create_engine
+from gpuworkers.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+CacheKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """The answer of `ModelCache.get`."""
+
+    engine: Engine
+    """The loaded engine, ready for `run_batch`."""
+    hit: bool
+    """True when the engine was already loaded."""
+    load_seconds: float
+    """Seconds spent building and loading the engine; 0.0 on a hit."""
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of the cache's counters."""
+
+    loads: int
+    """Engines loaded since the cache was created (failed loads not counted)."""
+    hits: int
+    """Lookups answered by an engine already loaded."""
+    evictions: int
+    """Engines unloaded to make room."""
+    resident: int
+    """Engines loaded now."""
+    resident_bytes: int
+    """Bytes the loaded engines hold, as they report it."""
+    budget_bytes: int | None
+    """The byte budget; None until the first lookup tells the cache its device."""
+
+
+@dataclass
+class _Entry:
+    engine: Engine
+    size: int
+
+
+class ModelCache:
+    """An LRU of loaded engines bounded by a byte budget; a lock makes lookups one at a time."""
+
+    def __init__(
+        self,
+        *,
+        budget_bytes: int | None = None,
+        engine_factory: Callable[[ModelSpec], Engine] = create_engine,
+    ) -> None:
+        """``budget_bytes`` None: read from settings for the device of the first lookup."""
+        self._budget = budget_bytes
+        self._engine_factory = engine_factory
+        self._entries: OrderedDict[CacheKey, _Entry] = OrderedDict()
+        self._known_sizes: dict[CacheKey, int] = {}
+        self._load_counts: Counter[CacheKey] = Counter()
+        self._hits = 0
+        self._evictions = 0
+        self._lock = threading.Lock()
+
+    def get(self, spec: ModelSpec, *, device: str) -> CacheLookup:
+        """The loaded engine for ``spec``, loading it (and evicting others) when it is not resident.
+
+        A load that fails (`EngineLoadError` or anything else) propagates and leaves nothing cached.
+        """
+        key = spec.cache_key
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+                return CacheLookup(engine=entry.engine, hit=True, load_seconds=0.0)
+            budget = self._budget_for(device)
+            self._evict_until_free(self._known_sizes.get(key, budget), budget)
+            started = time.perf_counter()
+            engine = self._engine_factory(spec)
+            engine.load(device=device)
+            load_seconds = time.perf_counter() - started
+            size = engine.memory_bytes()
+            self._entries[key] = _Entry(engine=engine, size=size)
+            self._known_sizes[key] = size
+            self._load_counts[key] += 1
+            # The measured size may exceed the estimate; trim the others to keep within the budget.
+            self._evict_until_free(0, budget, keep=key)
+            if size > budget:
+                logger.warning("model %s:%s holds %d bytes, over the cache budget of %d", *key, size, budget)
+            logger.info("loaded model %s:%s on %s in %.2f s (%d bytes)", *key, device, load_seconds, size)
+            return CacheLookup(engine=engine, hit=False, load_seconds=load_seconds)
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                loads=sum(self._load_counts.values()),
+                hits=self._hits,
+                evictions=self._evictions,
+                resident=len(self._entries),
+                resident_bytes=self._resident_bytes(),
+                budget_bytes=self._budget,
+            )
+
+    def loads_of(self, key: CacheKey) -> int:
+        """How many times the model with this (name, version) was loaded by this cache."""
+        with self._lock:
+            return self._load_counts[key]
+
+    def clear(self) -> None:
+        """Unload every engine, e.g. when the worker shuts down; counters are kept."""
+        with self._lock:
+            while self._entries:
+                _, entry = self._entries.popitem(last=False)
+                entry.engine.unload()
+
+    def _budget_for(self, device: str) -> int:
+        if self._budget is None:
+            self._budget = settings.cache_budget_bytes(device)
+        return self._budget
+
+    def _resident_bytes(self) -> int:
+        return sum(entry.size for entry in self._entries.values())
+
+    def _evict_until_free(self, needed: int, budget: int, *, keep: CacheKey | None = None) -> None:
+        for key in list(self._entries):
+            if self._resident_bytes() + needed <= budget:
+                return
+            if key == keep:
+                continue
+            entry = self._entries.pop(key)
+            entry.engine.unload()
+            self._evictions += 1
+            logger.info("evicted model %s:%s (%d bytes) from the warm cache", *key, entry.size)
+
+
+_process_cache: ModelCache | None = None
+_process_cache_lock = threading.Lock()
+
+
+def process_cache() -> ModelCache:
+    """The one warm cache of this worker process, created on first use."""
+    global _process_cache
+    with _process_cache_lock:
+        if _process_cache is None:
+            _process_cache = ModelCache()
+        return _process_cache

@@ -1,0 +1,302 @@
+"""The ``transformers`` engine: text generation with a Hugging Face causal LM on disk (task ``generate``).
+
+Each response is ``{"text", "finish_reason": "stop" | "length", "usage": {"prompt_tokens",
+"completion_tokens"}}``. A micro-batch is sorted by prompt length and cut into sub-batches of
+``batch_size`` prompts, so that each sub-batch pads little; responses come back in input order.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from gpuworkers import settings
+from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
+from gpuworkers.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+_LOAD_PARAMS = frozenset({"dtype"})
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """The parameters of one `run_batch` call, checked once for the whole micro-batch."""
+
+    max_tokens: int
+    """Most tokens to generate per prompt."""
+    temperature: float
+    """0 decodes greedily; above 0 samples."""
+    top_p: float
+    """Nucleus sampling mass; 1.0 keeps every token. Used only when sampling."""
+    seed: int | None
+    """Seeds torch's generator before the micro-batch, for repeatable sampling."""
+    stop: tuple[str, ...]
+    """The text ends before the first of these strings it contains."""
+    batch_size: int
+    """Prompts per `generate` call."""
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any]) -> GenerationParams:
+        stop = params.get("stop") or ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, list | tuple) or not all(isinstance(item, str) and item for item in stop):
+            raise ValueError("stop must be a non-empty string or a list of them")
+        generation = cls(
+            max_tokens=params.get("max_tokens", 16),
+            temperature=float(params.get("temperature", 0.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            seed=params.get("seed"),
+            stop=tuple(stop),
+            batch_size=params.get("batch_size", 32),
+        )
+        if not isinstance(generation.max_tokens, int) or generation.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, not {generation.max_tokens!r}")
+        if generation.temperature < 0:
+            raise ValueError(f"temperature must be 0 or more, not {generation.temperature}")
+        if not 0 < generation.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {generation.top_p}")
+        if generation.seed is not None and not isinstance(generation.seed, int):
+            raise ValueError(f"seed must be an integer, not {generation.seed!r}")
+        if not isinstance(generation.batch_size, int) or generation.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, not {generation.batch_size!r}")
+        return generation
+
+
+class TransformersEngine:
+    """Generates text; load once per worker process, then call `run_batch` per micro-batch.
+
+    Params of `run_batch`: ``max_tokens`` (16), ``temperature`` (0: greedy), ``top_p`` (1.0),
+    ``seed``, ``stop`` (a string or a list of them), ``batch_size`` (prompts per generate call, 32).
+    Load params: ``dtype`` (``float32``, ``float16``, ``bfloat16``); by default float16 on CUDA and
+    float32 on CPU, where half precision is slow.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        # Any: transformers' annotations of a causal LM (`to`, `generate`) do not type-check as used.
+        self._model: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def load(self, *, device: str) -> None:
+        if self.spec.task != "generate":
+            raise EngineLoadError(f"the transformers engine runs task 'generate', not {self.spec.task!r}")
+        dtype_name = self._dtype_name(device)
+        path = resolve_model_source(self.spec.source)
+        forbid_hub_downloads()
+        settings.apply_torch_threads()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=getattr(torch, dtype_name)
+            )
+            model.to(device)
+        except Exception as exc:
+            raise EngineLoadError(f"cannot load {self.spec.name!r} from {path}: {type(exc).__name__}: {exc}") from exc
+        model.eval()
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise EngineLoadError(f"the tokenizer of {self.spec.name!r} has neither a pad nor an eos token")
+            tokenizer.pad_token = tokenizer.eos_token
+        if not _eos_token_ids(model, tokenizer):
+            raise EngineLoadError(f"{self.spec.name!r} names no end-of-sequence token")
+        self._model, self._tokenizer = model, tokenizer
+
+    def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        model, tokenizer = self._loaded()
+        generation = GenerationParams.from_mapping(params)
+        prompts = list(inputs)
+        if not prompts:
+            return []
+        for prompt in prompts:
+            if not isinstance(prompt, str):
+                raise ValueError(f"the prompt must be a string, not {type(prompt).__name__}")
+        token_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+        self._check_lengths(token_ids, generation.max_tokens)
+
+        import torch
+
+        if generation.seed is not None:
+            torch.manual_seed(generation.seed)
+        responses: list[dict[str, Any]] = [{} for _ in prompts]
+        # Longest first, so that an out-of-memory error, if one comes, comes on the first sub-batch.
+        order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]), reverse=True)
+        for start in range(0, len(order), generation.batch_size):
+            indices = order[start : start + generation.batch_size]
+            batch_responses = self._generate(model, tokenizer, [token_ids[i] for i in indices], generation)
+            for index, response in zip(indices, batch_responses, strict=True):
+                responses[index] = response
+        return responses
+
+    def memory_bytes(self) -> int:
+        if self._model is None:
+            return 0
+        tensors = [*self._model.parameters(), *self._model.buffers()]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+    def unload(self) -> None:
+        if self._model is None:
+            return
+        self._model = self._tokenizer = None
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _dtype_name(self, device: str) -> str:
+        unknown = set(self.spec.load_params) - _LOAD_PARAMS
+        if unknown:
+            raise EngineLoadError(
+                f"unknown load params for transformers: {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(_LOAD_PARAMS))}"
+            )
+        default = "float16" if device.startswith("cuda") else "float32"
+        dtype_name = self.spec.load_params.get("dtype", default)
+        if dtype_name not in _DTYPES:
+            raise EngineLoadError(f"dtype {dtype_name!r} is not one of {', '.join(_DTYPES)}")
+        return str(dtype_name)
+
+    def _loaded(self) -> tuple[Any, PreTrainedTokenizerBase]:
+        if self._model is None or self._tokenizer is None:
+            raise RuntimeError(f"engine for {self.spec.name!r} is not loaded; call load() first")
+        return self._model, self._tokenizer
+
+    def _check_lengths(self, token_ids: list[list[int]], max_tokens: int) -> None:
+        # Positions past the model's context index out of its position table, which on CUDA is a
+        # device-side assert that poisons the whole process; refuse such a prompt up front.
+        context = getattr(self._loaded()[0].config, "max_position_embeddings", None)
+        for ids in token_ids:
+            if not ids:
+                raise ValueError("the prompt is empty")
+            if context is not None and len(ids) + max_tokens > context:
+                raise ValueError(
+                    f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} "
+                    f"it exceeds the model's context of {context} tokens"
+                )
+
+    def _generate(
+        self,
+        model: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        token_ids: list[list[int]],
+        generation: GenerationParams,
+    ) -> list[dict[str, Any]]:
+        import torch
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        eos_ids = _eos_token_ids(model, tokenizer)
+        # A fresh config rather than the model's own, so that only the job's params steer decoding.
+        config = GenerationConfig(
+            max_new_tokens=generation.max_tokens,
+            do_sample=generation.temperature > 0,
+            eos_token_id=sorted(eos_ids),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        if generation.temperature > 0:
+            config.temperature = generation.temperature
+            config.top_p = generation.top_p
+            config.top_k = 0
+        padded = tokenizer.pad({"input_ids": token_ids}, padding=True, return_tensors="pt").to(model.device)
+        prompt_width = padded["input_ids"].shape[1]
+        stopping = StoppingCriteriaList()
+        if generation.stop:
+            stopping.append(_StopStrings(tokenizer, generation.stop, prompt_width))
+        with torch.inference_mode():
+            output = model.generate(**padded, generation_config=config, stopping_criteria=stopping)
+        completions = output[:, prompt_width:].tolist()
+        return [
+            _completion(tokenizer, ids, completion, eos_ids, generation)
+            for ids, completion in zip(token_ids, completions, strict=True)
+        ]
+
+
+class _StopStrings:
+    """A stopping criterion: a row is done once its decoded completion holds a stop string.
+
+    Decoding the completion so far, rather than matching token strings, keeps the decision the same
+    as the one `_completion` makes afterwards on the text it returns.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...], prompt_width: int) -> None:
+        self._tokenizer = tokenizer
+        self._stop = stop
+        self._prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        texts = self._tokenizer.batch_decode(input_ids[:, self._prompt_width :], skip_special_tokens=True)
+        done = [_first_stop(text, self._stop) is not None for text in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _completion(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[int],
+    completion: list[int],
+    eos_ids: set[int],
+    generation: GenerationParams,
+) -> dict[str, Any]:
+    # Tokens after the first end-of-sequence token are padding of a row that finished early.
+    end = next((i for i, token in enumerate(completion) if token in eos_ids), len(completion))
+    generated = completion[:end]
+    text = _decode(tokenizer, generated)
+    cut = _first_stop(text, generation.stop)
+    if cut is not None:
+        text = text[:cut]
+        finish_reason = "stop"
+        completion_tokens = _tokens_until_stop(tokenizer, generated, generation.stop)
+    elif end < len(completion):
+        finish_reason = "stop"
+        completion_tokens = end + 1  # the end-of-sequence token was generated too
+    else:
+        finish_reason = "length"
+        completion_tokens = end
+    return {
+        "text": text,
+        "finish_reason": finish_reason,
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens},
+    }
+
+
+def _first_stop(text: str, stop: tuple[str, ...]) -> int | None:
+    """Where the earliest stop string starts in ``text``, or None."""
+    positions = [position for position in (text.find(item) for item in stop) if position >= 0]
+    return min(positions, default=None)
+
+
+def _tokens_until_stop(tokenizer: PreTrainedTokenizerBase, generated: list[int], stop: tuple[str, ...]) -> int:
+    """The fewest leading tokens of ``generated`` whose text holds a stop string (the tokens generated)."""
+    low, high = 1, len(generated)
+    while low < high:
+        middle = (low + high) // 2
+        if _first_stop(_decode(tokenizer, generated[:middle]), stop) is None:
+            low = middle + 1
+        else:
+            high = middle
+    return high
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:
+    return cast(str, tokenizer.decode(token_ids, skip_special_tokens=True))
+
+
+def _eos_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    configured = model.generation_config.eos_token_id
+    if configured is None:
+        configured = tokenizer.eos_token_id
+    if configured is None:
+        return set()
+    return {configured} if isinstance(configured, int) else set(configured)

@@ -1,0 +1,149 @@
+"""The launcher: one Celery worker process per slot, supervised.
+
+Each child gets CUDA_VISIBLE_DEVICES set to exactly its slot's GPUs, consumes only its slot's queue
+with concurrency 1 and prefetch 1, and has a distinct hostname. A child that dies is restarted with
+backoff. SIGTERM drains: children finish their shard (Celery's warm shutdown) and the launcher exits;
+a second SIGINT stops everything at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+from gpuworkers.slots import Slot
+
+logger = logging.getLogger("gpuworkers.launcher")
+
+MAX_BACKOFF_S = 30.0
+
+
+def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "--app",
+        app,
+        "worker",
+        "--queues",
+        slot.queue,
+        "--concurrency",
+        "1",
+        "--prefetch-multiplier",
+        "1",
+        "--pool",
+        "prefork",
+        "--hostname",
+        f"slot{slot.index}-{slot.gpu_class}@{hostname}",
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
+
+
+def worker_env(slot: Slot, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
+    env["BATCHERY_SLOT"] = str(slot.index)
+    env["BATCHERY_GPU_CLASS"] = slot.gpu_class
+    if slot.torch_threads:
+        env["BATCHERY_TORCH_THREADS"] = str(slot.torch_threads)
+        # Tokenizers and BLAS spawn their own threads; one slot per core must stay on its core.
+        env["OMP_NUM_THREADS"] = str(slot.torch_threads)
+        env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+@dataclass
+class Child:
+    slot: Slot
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+
+class Launcher:
+    def __init__(self, slots: list[Slot], *, app: str = "tasks.app", loglevel: str = "INFO") -> None:
+        self.slots = slots
+        self.app = app
+        self.loglevel = loglevel
+        self.hostname = socket.gethostname()
+        self.children = [Child(slot=slot) for slot in slots]
+        self._draining = False
+        self._interrupts = 0
+
+    def _start(self, child: Child) -> None:
+        command = worker_command(child.slot, app=self.app, hostname=self.hostname, loglevel=self.loglevel)
+        child.process = subprocess.Popen(command, env=worker_env(child.slot, dict(os.environ)))
+        child.started_at = time.monotonic()
+        logger.info(
+            "slot %d (%s, CUDA_VISIBLE_DEVICES=%r) started as pid %d on %s",
+            child.slot.index,
+            child.slot.gpu_class,
+            child.slot.cuda_visible_devices,
+            child.process.pid,
+            child.slot.queue,
+        )
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+        if self._interrupts >= 2:
+            logger.warning("second interrupt: stopping every slot now")
+            self._signal_children(signal.SIGKILL)
+        else:
+            logger.info("draining: each slot finishes its shard, then exits")
+            self._signal_children(signal.SIGTERM)
+        self._draining = True
+
+    def _signal_children(self, signum: int) -> None:
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+
+    def _supervise_once(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.process is None:
+                if now >= child.next_start:
+                    self._start(child)
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            # A child that ran a while before dying starts over at the shortest backoff.
+            if now - child.started_at > 60:
+                child.restarts = 0
+            backoff = min(MAX_BACKOFF_S, 0.5 * 2**child.restarts)
+            child.restarts += 1
+            logger.warning(
+                "slot %d worker pid %d exited with %s; restarting in %.1fs",
+                child.slot.index,
+                child.process.pid,
+                code,
+                backoff,
+            )
+            child.process = None
+            child.next_start = now + backoff
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        while not self._draining:
+            self._supervise_once()
+            time.sleep(0.2)
+        for child in self.children:
+            if child.process is not None:
+                child.process.wait()
+        logger.info("all slots stopped")
+        return 0

@@ -1,0 +1,40 @@
+"""Value objects that describe a model to a worker process.
+
+A `ModelSpec` travels inside every shard message, so it is small, frozen and JSON-friendly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a worker needs to load a catalog model, without asking the database."""
+
+    name: str
+    """Catalog name, e.g. ``all-MiniLM-L6-v2``."""
+    version: str
+    """Catalog version; the warm cache keys on (name, version)."""
+    engine: str
+    """Engine name: ``sentence_transformers``, ``transformers``, later ``vllm`` and ``python``."""
+    task: str
+    """``embed``, ``generate``, ``chat`` or ``classify``."""
+    source: str
+    """Where the weights are: a local path, ``file:///path`` or ``package:NAME`` (a package that ships them)."""
+    gpus_per_replica: int = 1
+    """GPUs one replica needs (tensor parallel size)."""
+    load_params: dict[str, Any] = field(default_factory=dict)
+    """Engine arguments used at load time (dtype, max_seq_length, ...)."""
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        return cls(**data)

@@ -1,0 +1,1 @@
+"""The model catalog and the GPU classes models run on."""

@@ -1,0 +1,135 @@
+"""A job is one dataset through one model; a shard is a contiguous slice of its records.
+
+The database is the truth about both. Status changes go through `portal.jobs.services.transitions`,
+which checks `Job.TRANSITIONS` and updates conditionally.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    PLANNING = "planning"
+    RUNNING = "running"
+    MERGING = "merging"
+    SUCCEEDED = "succeeded"
+    PARTIALLY_SUCCEEDED = "partially_succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Job(models.Model):
+    # The one place that says which status may follow which.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        JobStatus.QUEUED: frozenset({JobStatus.PLANNING, JobStatus.FAILED, JobStatus.CANCELLED}),
+        JobStatus.PLANNING: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}),
+        JobStatus.RUNNING: frozenset({JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLED}),
+        JobStatus.MERGING: frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED}),
+        JobStatus.SUCCEEDED: frozenset(),
+        JobStatus.PARTIALLY_SUCCEEDED: frozenset(),
+        JobStatus.FAILED: frozenset(),
+        JobStatus.CANCELLED: frozenset(),
+    }
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    model = models.ForeignKey("catalog.Model", on_delete=models.PROTECT, related_name="jobs")
+    status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    error = models.TextField(blank=True)
+
+    input_uri = models.CharField(max_length=1000)
+    input_bytes = models.PositiveBigIntegerField(default=0)
+    output_uri = models.CharField(max_length=1000, blank=True)
+    errors_uri = models.CharField(max_length=1000, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    shard_size = models.PositiveIntegerField(help_text="Records per shard.")
+
+    total_records = models.PositiveBigIntegerField(null=True, blank=True)
+    succeeded_records = models.PositiveBigIntegerField(default=0)
+    failed_records = models.PositiveBigIntegerField(default=0)
+    shard_count = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "status"])]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.status})"
+
+    @classmethod
+    def can_transition(cls, source: str, target: str) -> bool:
+        return target in cls.TRANSITIONS.get(source, frozenset())
+
+    @classmethod
+    def sources_of(cls, target: str) -> list[str]:
+        """Every status from which `target` may be reached."""
+        return [source for source, targets in cls.TRANSITIONS.items() if target in targets]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+class ShardStatus(models.TextChoices):
+    PENDING = "pending"
+    DISPATCHED = "dispatched"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Shard(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards")
+    index = models.PositiveIntegerField()
+    first_record = models.PositiveBigIntegerField(help_text="0-based position of the shard's first record.")
+    record_count = models.PositiveIntegerField()
+    input_uri = models.CharField(max_length=1000)
+    prefix_uri = models.CharField(max_length=1000, help_text="Where attempts and the commit marker go.")
+    status = models.CharField(max_length=20, choices=ShardStatus.choices, default=ShardStatus.PENDING)
+    task_id = models.CharField(max_length=100, blank=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="Attempts dispatched so far.")
+    attempt_id = models.CharField(max_length=64, blank=True, help_text="The committed attempt.")
+    output_uri = models.CharField(max_length=1000, blank=True)
+    errors_uri = models.CharField(max_length=1000, blank=True)
+    succeeded_records = models.PositiveIntegerField(default=0)
+    failed_records = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    cache_hit = models.BooleanField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    compute_seconds = models.FloatField(null=True, blank=True)
+    load_seconds = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="unique_shard_index_per_job")]
+
+    def __str__(self) -> str:
+        return f"shard {self.index} of {self.job_id}"

@@ -1,0 +1,178 @@
+"""Submission: the one service every entry point calls (CLI, REST, OpenAI batches, portal form).
+
+It checks the request and, for inputs small enough, every input line; reserves quota with the
+tenant's quota row locked; creates the job; and enqueues planning once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Sum
+
+from portal.catalog.models import Model
+from portal.jobs.models import FINAL_STATUSES, Job
+from portal.jobs.services.storage_layout import errors_uri, output_uri
+from portal.tenancy.models import Quota, Tenant
+from tasks.formats.jsonl import check_jsonl
+from tasks.formats.records import LineProblem, input_field_for
+from tasks.storage import StorageError, store_for
+
+SAMPLE_BYTES = 64 * 1024
+
+
+class SubmissionError(Exception):
+    """The request cannot be accepted; `field` names the part of it that is wrong."""
+
+    def __init__(self, message: str, *, field: str, problems: Sequence[LineProblem] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.problems = list(problems)
+
+
+class QuotaExceeded(SubmissionError):
+    def __init__(self, *, quota: str, limit: int, current: int, requested: int) -> None:
+        super().__init__(
+            f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}", field=quota
+        )
+        self.quota = quota
+        self.limit = limit
+        self.current = current
+        self.requested = requested
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    size: int
+    """Bytes in the input."""
+    records: int | None
+    """Valid records, when the input was small enough to check at submission."""
+
+
+def normalize_input_uri(value: str) -> str:
+    """Accept a URI or a local path; a path becomes an absolute file:// URI."""
+    if not value:
+        raise SubmissionError("an input is required", field="input")
+    if urlparse(value).scheme in ("", "file") and not value.startswith("file://"):
+        return Path(value).expanduser().resolve().as_uri()
+    return value
+
+
+def _resolve_model(name: str, version: str | None) -> Model:
+    models = Model.objects.select_related("gpu_class").filter(name=name, enabled=True)
+    if version:
+        models = models.filter(version=version)
+    model = models.order_by("-created_at").first()
+    if model is None:
+        known = ", ".join(sorted(set(Model.objects.filter(enabled=True).values_list("name", flat=True))))
+        raise SubmissionError(f"no enabled model named {name!r}; available: {known or 'none'}", field="model")
+    return model
+
+
+def _check_input(input_uri: str, *, input_field: str) -> InputCheck:
+    try:
+        store = store_for(input_uri)
+        size = store.size(input_uri)
+    except StorageError as exc:
+        raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+    if size == 0:
+        raise SubmissionError("the input is empty", field="input")
+    if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
+        return InputCheck(size=size, records=None)
+    limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
+    check = check_jsonl(lambda: store.open_read(input_uri), input_field=input_field, max_problems=limit)
+    if not check.ok:
+        raise SubmissionError(f"input rejected: {check.summary(limit=limit)}", field="input", problems=check.problems)
+    return InputCheck(size=size, records=check.records)
+
+
+def _estimate_records(input_uri: str, size: int) -> int:
+    with store_for(input_uri).open_read(input_uri) as stream:
+        sample = stream.read(SAMPLE_BYTES)
+    lines = max(sample.count(b"\n"), 1)
+    return max(1, round(size / (len(sample) / lines)))
+
+
+def default_shard_size(records: int) -> int:
+    """Enough shards to spread a job over the fleet, none so small that overhead dominates."""
+    per_shard = math.ceil(records / settings.BATCHERY_TARGET_SHARDS)
+    return max(settings.BATCHERY_MIN_SHARD_RECORDS, min(settings.BATCHERY_MAX_SHARD_RECORDS, per_shard))
+
+
+def _check_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise SubmissionError("params must be a JSON object", field="params")
+    return dict(params)
+
+
+def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
+    """Check the tenant's limits with its quota row locked, so concurrent submissions queue up here."""
+    Quota.objects.get_or_create(tenant=tenant)
+    quota = Quota.objects.select_for_update().get(tenant=tenant)
+    active = Job.objects.filter(tenant=tenant).exclude(status__in=FINAL_STATUSES)
+    if quota.max_input_bytes is not None and input_bytes > quota.max_input_bytes:
+        raise QuotaExceeded(quota="max_input_bytes", limit=quota.max_input_bytes, current=0, requested=input_bytes)
+    if quota.max_concurrent_jobs is not None:
+        running = active.count()
+        if running + 1 > quota.max_concurrent_jobs:
+            raise QuotaExceeded(
+                quota="max_concurrent_jobs", limit=quota.max_concurrent_jobs, current=running, requested=1
+            )
+    if quota.max_queued_records is not None and records is not None:
+        queued = active.aggregate(total=Sum("total_records"))["total"] or 0
+        if queued + records > quota.max_queued_records:
+            raise QuotaExceeded(
+                quota="max_queued_records", limit=quota.max_queued_records, current=queued, requested=records
+            )
+
+
+def job_submit(
+    *,
+    tenant: Tenant,
+    model_name: str,
+    input_uri: str,
+    user: User | None = None,
+    model_version: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    shard_size: int | None = None,
+) -> Job:
+    model = _resolve_model(model_name, model_version)
+    job_params = _check_params(params)
+    if shard_size is not None and shard_size < 1:
+        raise SubmissionError("shard_size must be a positive number of records", field="shard_size")
+    uri = normalize_input_uri(input_uri)
+    checked = _check_input(uri, input_field=input_field_for(model.task))
+    records = checked.records if checked.records is not None else _estimate_records(uri, checked.size)
+
+    from tasks.plan import plan_job
+
+    job_id = str(uuid.uuid4())
+    with transaction.atomic():
+        _reserve_quota(tenant, input_bytes=checked.size, records=checked.records)
+        job = Job.objects.create(
+            id=job_id,
+            tenant=tenant,
+            created_by=user,
+            model=model,
+            input_uri=uri,
+            input_bytes=checked.size,
+            params=job_params,
+            shard_size=shard_size or default_shard_size(records),
+            total_records=checked.records,
+            output_uri=output_uri(job_id),
+            errors_uri=errors_uri(job_id),
+        )
+        transaction.on_commit(lambda: plan_job.delay(job_id))
+    return job

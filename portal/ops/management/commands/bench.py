@@ -1,0 +1,85 @@
+"""`manage.py bench` (`make bench`): the whole stack against the bare model loop, same sentences.
+
+Prints records per second of a 20,000-sentence embedding job through submit, plan, shards on warm
+workers and merge, and of `model.encode` in batches of 32 in one process, and their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Sum
+
+from portal.catalog.models import Model
+from portal.jobs.management.commands.submit import watch_job
+from portal.jobs.services.submit import job_submit
+from portal.ops.demo import write_demo_dataset
+from portal.ops.stack import Stack, StackOptions
+from portal.tenancy.services import tenant_get_or_create
+
+
+def bare_loop_rate(sentences: list[str], *, source: str, batch_size: int) -> float:
+    """Sentences per second of `model.encode` alone, with torch's default threads, weights loaded."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    from gpuworkers.sources import resolve_model_source
+
+    model = SentenceTransformer(str(resolve_model_source(source)), device="cpu")
+    model.encode(sentences[:256], batch_size=batch_size)
+    started = time.perf_counter()
+    model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+    return len(sentences) / (time.perf_counter() - started)
+
+
+class Command(BaseCommand):
+    help = "Benchmark a whole-stack embedding job against the bare model loop."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--sentences", type=int, default=20_000)
+        parser.add_argument("--shard-size", type=int, default=None)
+        parser.add_argument("--cpu-slots", type=int, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        count = options["sentences"]
+        dataset = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / f"sentences-{count}.jsonl", sentences=count)
+        sentences = [json.loads(line)["input"] for line in dataset.read_text().splitlines()]
+        model = Model.objects.get(is_default=True, enabled=True)
+        batch_size = int(model.default_params.get("batch_size", 32))
+
+        self.stdout.write(f"bare loop: model.encode over {count} sentences, batch size {batch_size} ...")
+        bare = bare_loop_rate(sentences, source=model.source, batch_size=batch_size)
+
+        stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=options["cpu_slots"], logs_to_files=True))
+        stack.start()
+        try:
+            stack.wait_for_workers(queues={"control", "gpu.cpu"})
+            tenant = tenant_get_or_create(name="bench")
+            warmup = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / "warmup.jsonl", sentences=400, seed=1)
+            self.stdout.write("warming the workers up (each slot loads the model once) ...")
+            watch_job(job_submit(tenant=tenant, model_name=model.name, input_uri=str(warmup), shard_size=50))
+            self.stdout.write(f"stack: {count} sentences through submit, plan, shards and merge ...")
+            started = time.perf_counter()
+            job = job_submit(
+                tenant=tenant, model_name=model.name, input_uri=str(dataset), shard_size=options["shard_size"]
+            )
+            job = watch_job(job, poll_s=0.2)
+            elapsed = time.perf_counter() - started
+        finally:
+            stack.stop()
+        stack_rate = job.succeeded_records / elapsed
+        compute = job.shards.aggregate(total=Sum("compute_seconds"))["total"] or 0.0
+        self.stdout.write("")
+        self.stdout.write(f"job                  {job.status}, {job.shard_count} shards of {job.shard_size} records")
+        self.stdout.write(
+            f"stack                {stack_rate:8.1f} records/s  ({elapsed:.1f} s, submit to merged output)"
+        )
+        self.stdout.write(f"bare model loop      {bare:8.1f} records/s")
+        self.stdout.write(f"ratio                {stack_rate / bare:8.3f}  (target >= 0.85, goal 0.95)")
+        self.stdout.write(f"engine time in shards {compute:7.1f} s summed over slots")

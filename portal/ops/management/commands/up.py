@@ -1,0 +1,52 @@
+"""`manage.py up`: the whole stack on one machine, in the foreground, until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from portal.ops.stack import Stack, StackOptions
+
+
+class Command(BaseCommand):
+    help = "Run the portal (127.0.0.1:8000), Flower (127.0.0.1:5555), a control worker and a worker per slot."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--address", default="127.0.0.1:8000", help="where the portal listens")
+        parser.add_argument("--flower-port", type=int, default=5555)
+        parser.add_argument("--cpu-slots", type=int, default=None, help="worker slots on a machine with no GPU")
+        parser.add_argument("--loglevel", default="INFO")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stack = Stack(
+            StackOptions(
+                portal_address=options["address"],
+                flower_port=options["flower_port"],
+                cpu_slots=options["cpu_slots"],
+                loglevel=options["loglevel"],
+            )
+        )
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        stack.start()
+        self.stdout.write(
+            f"Batchery is up: portal http://{options['address']}/admin/, "
+            f"Flower http://127.0.0.1:{options['flower_port']}/, "
+            f"broker {stack.env['CELERY_BROKER_URL']}. Ctrl-C stops it."
+        )
+        try:
+            while not stopping:
+                stack.check_alive()
+                time.sleep(0.5)
+        finally:
+            self.stdout.write("stopping: workers finish their current shard first")
+            stack.stop()

@@ -1,0 +1,150 @@
+"""The whole stack on one machine, as child processes: what `manage.py up` and `make demo` run.
+
+Where CELERY_BROKER_URL is unset an embedded Redis is started and its URL handed to every child;
+where DATABASE_URL is unset the children share the settings' SQLite file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from portal.ops.embedded import EmbeddedRedis, start_embedded_redis
+
+logger = logging.getLogger(__name__)
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+@dataclass
+class StackOptions:
+    portal: bool = True
+    portal_address: str = "127.0.0.1:8000"
+    flower: bool = True
+    flower_port: int = 5555
+    cpu_slots: int | None = None
+    loglevel: str = "WARNING"
+    logs_to_files: bool = False
+    """Send each process's output to var/logs/<name>.log instead of this terminal."""
+
+
+@dataclass
+class Stack:
+    options: StackOptions
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    redis: EmbeddedRedis | None = None
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def configure_services(self) -> None:
+        """Start an embedded Redis when no broker is configured, and point this process at it."""
+        if not self.env.get("CELERY_BROKER_URL"):
+            self.redis = start_embedded_redis(Path(settings.VAR_DIR) / "redis")
+            for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+                self.env[name] = self.redis.url
+                os.environ[name] = self.redis.url
+            logger.info("embedded Redis on %s", self.redis.url)
+            self._repoint_celery_app()
+
+    def _repoint_celery_app(self) -> None:
+        from tasks.app import app
+        from tasks.config import celery_settings
+
+        app.conf.update(celery_settings())
+        from tasks import progress
+
+        progress._client.cache_clear()
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        output = None
+        if self.options.logs_to_files:
+            log_dir = Path(settings.VAR_DIR) / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            output = (log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            command, env=self.env, cwd=BASE_DIR, start_new_session=True, stdout=output, stderr=output
+        )
+        if output is not None:
+            output.close()
+        logger.info("%s started (pid %d)", name, self.processes[name].pid)
+
+    def start(self) -> None:
+        self.configure_services()
+        # Weights load from disk; hub progress bars and look-ups are noise (and impossible offline).
+        self.env.setdefault("HF_HUB_OFFLINE", "1")
+        self.env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        self.env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        python = sys.executable
+        options = self.options
+        subprocess.run(
+            [python, "manage.py", "migrate", "--no-input", "-v", "0"], env=self.env, cwd=BASE_DIR, check=True
+        )
+        if options.portal:
+            self._spawn(
+                "portal",
+                [python, "-m", "gunicorn", "portal.wsgi", "--bind", options.portal_address, "--workers", "2"],
+            )
+        if options.flower:
+            self._spawn(
+                "flower",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "--app",
+                    "tasks.app",
+                    "flower",
+                    "--address=127.0.0.1",
+                    f"--port={options.flower_port}",
+                ],
+            )
+        self._spawn(
+            "control",
+            [
+                python, "-m", "celery", "--app", "tasks.app", "worker", "--queues", "control",
+                "--concurrency", "2", "--hostname", "control@%h", "--loglevel", options.loglevel,
+            ],
+        )  # fmt: skip
+        launch = [python, "-m", "gpuworkers", "launch", "--loglevel", options.loglevel]
+        if options.cpu_slots:
+            launch += ["--cpu-slots", str(options.cpu_slots)]
+        self._spawn("gpuworkers", launch)
+
+    def wait_for_workers(self, *, queues: set[str], timeout_s: float = 120.0) -> None:
+        """Block until a worker consumes each of `queues` (models load lazily; imports take seconds)."""
+        from tasks.app import app
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            active = app.control.inspect(timeout=1.0).active_queues() or {}
+            consumed = {queue["name"] for worker in active.values() for queue in worker}
+            if queues <= consumed:
+                return
+        raise TimeoutError(f"no worker consumed {sorted(queues)} within {timeout_s:.0f}s")
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if self.redis is not None:
+            self.redis.stop()

@@ -1,0 +1,123 @@
+"""Django settings: one file, every value from the environment, safe defaults for local use.
+
+With no DATABASE_URL the portal uses a SQLite file under var/ (enough for `make demo`); deployments
+set DATABASE_URL to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+from tasks.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("BATCHERY_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", default=False)
+SECRET_KEY = env_str("SECRET_KEY", "insecure-local-development-key-change-me")
+if not DEBUG and SECRET_KEY.startswith("insecure-") and env_bool("BATCHERY_REQUIRE_SECRET_KEY", default=False):
+    raise RuntimeError("SECRET_KEY must be set in production (BATCHERY_REQUIRE_SECRET_KEY is on)")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "portal.tenancy",
+    "portal.catalog",
+    "portal.jobs",
+    "portal.ops",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database() -> dict[str, Any]:
+    url = env_str("DATABASE_URL")
+    if url:
+        return dict(
+            dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True)
+        )
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Several processes (portal, control worker) share the file: WAL lets readers run beside the
+    # writer, and IMMEDIATE transactions take the write lock up front instead of failing later.
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": VAR_DIR / "batchery.sqlite3",
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        # A file, not memory, so worker processes started by tests see the test database too.
+        "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
+    }
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
+BATCHERY_STORAGE_URL = env_str("BATCHERY_STORAGE_URL", (VAR_DIR / "storage").as_uri())
+# Inputs up to this size are checked line by line at submission, so a bad file is refused before a
+# job exists; larger ones are checked by the planner, which fails the job naming the lines.
+BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 256 * 1024 * 1024, minimum=0)
+BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1)
+# Default sharding: aim for this many shards a job, each between the two bounds.
+BATCHERY_TARGET_SHARDS = env_int("BATCHERY_TARGET_SHARDS", 64, minimum=1)
+BATCHERY_MIN_SHARD_RECORDS = env_int("BATCHERY_MIN_SHARD_RECORDS", 100, minimum=1)
+BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)

@@ -1,0 +1,1 @@
+"""Tenants, their members and their quotas."""

@@ -1,0 +1,52 @@
+"""Tenants share the GPUs; members act for them; quotas bound what each may hold at once."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    priority = models.PositiveSmallIntegerField(
+        default=5, help_text="0 (lowest) to 9 (highest); becomes the Celery priority of the tenant's shards."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_and_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class Quota(models.Model):
+    """Limits checked at submission with this row locked; an empty limit means no limit."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True, default=10)
+    max_queued_records = models.PositiveBigIntegerField(null=True, blank=True)
+    max_input_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    gpu_seconds_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.tenant}"

@@ -1,0 +1,84 @@
+"""Celery configuration, read from the environment once.
+
+The portal, the control worker and every GPU worker build their Celery app from this one module,
+so reliability settings (visibility timeout, acks, prefetch) are identical everywhere.
+"""
+
+from __future__ import annotations
+
+from kombu import Exchange, Queue
+
+from tasks.env import env_int, env_str
+
+CONTROL_QUEUE = "control"
+GPU_QUEUE_PREFIX = "gpu."
+
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+
+
+def broker_url() -> str:
+    return env_str("CELERY_BROKER_URL", DEFAULT_BROKER_URL)
+
+
+def result_backend_url() -> str:
+    return env_str("CELERY_RESULT_BACKEND", broker_url())
+
+
+def progress_redis_url() -> str:
+    """Live progress counters live in Redis: the result backend's, or the broker's if that is Redis."""
+    explicit = env_str("BATCHERY_PROGRESS_REDIS_URL")
+    if explicit:
+        return explicit
+    for url in (result_backend_url(), broker_url()):
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            return url
+    return DEFAULT_BROKER_URL
+
+
+def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
+    """`gpu.<class>` for one GPU, `gpu.<class>.x<N>` for replicas that span N GPUs."""
+    name = f"{GPU_QUEUE_PREFIX}{gpu_class}"
+    return name if gpus_per_replica == 1 else f"{name}.x{gpus_per_replica}"
+
+
+# The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis
+# hands an unacknowledged shard to a second worker while the first is still running it.
+SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=10)
+VISIBILITY_TIMEOUT_S = env_int("BATCHERY_VISIBILITY_TIMEOUT_S", SHARD_HARD_TIME_LIMIT_S + 600, minimum=60)
+RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
+
+
+def celery_settings() -> dict[str, object]:
+    """The Celery settings every process uses, as lowercase setting names."""
+    return {
+        "broker_url": broker_url(),
+        "result_backend": result_backend_url(),
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        "result_expires": RESULT_EXPIRES_S,
+        "result_extended": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        # At-least-once: a message is acknowledged only after its task ran, and a worker that dies
+        # mid-task gives the message back. Output commits make the second run harmless.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
+        "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_queues": (Queue(CONTROL_QUEUE, Exchange(CONTROL_QUEUE), routing_key=CONTROL_QUEUE),),
+        # GPU queues are named per class and size; they are created when first routed to.
+        "task_create_missing_queues": True,
+        "task_routes": {
+            "batchery.plan_job": {"queue": CONTROL_QUEUE},
+            "batchery.merge_job": {"queue": CONTROL_QUEUE},
+        },
+        "worker_hijack_root_logger": False,
+    }

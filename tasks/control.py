@@ -1,0 +1,50 @@
+"""The base class of control tasks (plan, merge): Django set up once, fresh DB connections, logging.
+
+Control tasks run on the `control` queue, near the database. They import portal services inside
+their bodies so that GPU workers, which load the same Celery app, never need Django.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Task
+
+logger = logging.getLogger("batchery.control")
+
+
+def ensure_django() -> None:
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+        django.setup()
+
+
+class ControlTask(Task):
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ensure_django()
+        from django.db import close_old_connections
+
+        # Like Django's request cycle: drop connections that went stale while the worker idled.
+        close_old_connections()
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # Every control task takes the job id first; a job must never be left without an ending.
+        logger.error("control task %s[%s] failed: %r args=%r", self.name, task_id, exc, args)
+        job_id = kwargs.get("job_id") or (args[0] if args else None)
+        if job_id is None:
+            return
+        from portal.jobs.services.transitions import job_fail
+
+        job_fail(job_id=str(job_id), reason=f"{self.name} failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,1 @@
+"""Record formats: how input files become records and how records are checked."""

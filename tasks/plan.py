@@ -1,0 +1,13 @@
+"""The planning task: cut a queued job's input into shards, then dispatch its chord."""
+
+from __future__ import annotations
+
+from tasks.app import app
+from tasks.control import ControlTask
+
+
+@app.task(name="batchery.plan_job", base=ControlTask)
+def plan_job(job_id: str) -> None:
+    from portal.jobs.services.plan import job_plan
+
+    job_plan(job_id=job_id)

@@ -1,0 +1,62 @@
+"""Live progress counters in Redis: one hash per job, one field per shard.
+
+Each shard overwrites its own field with its running totals, so a redelivered shard replaces its
+numbers instead of adding to them. Redis only holds these live figures; the database stays the truth.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import redis
+
+from tasks.config import RESULT_EXPIRES_S, progress_redis_url
+
+
+@functools.cache
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(progress_redis_url(), socket_timeout=5, socket_connect_timeout=5)
+
+
+def _key(job_id: str) -> str:
+    return f"batchery:progress:{job_id}"
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    """Records finished (succeeded or failed) by running or finished shards."""
+    failed: int
+
+
+def publish_shard_progress(job_id: str, shard_index: int, *, done: int, failed: int) -> None:
+    """Best effort: progress is for people watching; a Redis hiccup must not fail the shard."""
+    try:
+        pipe = _client().pipeline(transaction=False)
+        pipe.hset(_key(job_id), str(shard_index), f"{done},{failed}")
+        pipe.expire(_key(job_id), RESULT_EXPIRES_S)
+        pipe.execute()
+    except redis.RedisError:
+        return
+
+
+def read_job_progress(job_id: str) -> Progress:
+    try:
+        fields = _client().hvals(_key(job_id))
+    except redis.RedisError:
+        return Progress(done=0, failed=0)
+    done = failed = 0
+    for value in fields:
+        text = value.decode() if isinstance(value, bytes) else value
+        shard_done, shard_failed = text.split(",")
+        done += int(shard_done)
+        failed += int(shard_failed)
+    return Progress(done=done, failed=failed)
+
+
+def clear_job_progress(job_id: str) -> None:
+    try:
+        _client().delete(_key(job_id))
+    except redis.RedisError:
+        return

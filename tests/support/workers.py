@@ -1,0 +1,85 @@
+"""Real Celery worker processes for pipeline tests: started, awaited, and always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    queue: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes] = field(repr=False)
+
+    @property
+    def hostname(self) -> str:
+        return f"{self.name}@test"
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+
+
+def database_url(settings_dict: dict[str, object]) -> str:
+    """The URL of the database Django is using now (the test database, once it exists)."""
+    engine = str(settings_dict["ENGINE"])
+    name = settings_dict["NAME"]
+    if "sqlite" in engine:
+        return f"sqlite:///{name}"
+    user = settings_dict.get("USER") or "postgres"
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{name}"
+
+
+def start_worker(name: str, queue: str, *, env: dict[str, str], log_dir: Path, concurrency: int = 1) -> WorkerProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log = log_path.open("wb")
+    command = [
+        sys.executable, "-m", "celery", "--app", "tasks.app", "worker",
+        "--queues", queue, "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
+        "--pool", "prefork", "--hostname", f"{name}@test", "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return WorkerProcess(name=name, queue=queue, process=process, log_path=log_path, log=log)
+
+
+def wait_until_consuming(workers: list[WorkerProcess], *, timeout_s: float = 120.0) -> None:
+    """Block until every worker answers a ping, or fail with its log."""
+    from tasks.app import app
+
+    expected = {worker.hostname for worker in workers}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if worker.process.poll() is not None:
+                raise RuntimeError(f"worker {worker.name} exited early:\n{worker.log_tail()}")
+        replies = app.control.ping(timeout=1.0) or []
+        answered = {name for reply in replies for name in reply}
+        if expected <= answered:
+            return
+    logs = "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in workers)
+    raise TimeoutError(f"workers did not answer within {timeout_s}s:\n{logs}")

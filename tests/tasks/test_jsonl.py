@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import io
+import json
+
+from tasks.formats.jsonl import JsonlCheck, check_jsonl, iter_jsonl
+
+
+def _stream(lines: list[str]) -> io.BytesIO:
+    return io.BytesIO(("\n".join(lines) + "\n").encode())
+
+
+def test_valid_records_keep_their_ids_and_missing_ids_become_line_numbers() -> None:
+    check = JsonlCheck()
+    lines = [json.dumps({"custom_id": "a", "input": "x"}), "", json.dumps({"input": "y"})]
+    records = list(iter_jsonl(_stream(lines), input_field="input", check=check))
+    assert [(r.line, r.custom_id) for r in records] == [(1, "a"), (3, "3")]
+    assert records[1].data == {"custom_id": "3", "input": "y"}
+    assert check.ok
+
+
+def test_every_kind_of_bad_line_is_named_with_its_line_number() -> None:
+    lines = [
+        json.dumps({"custom_id": "a", "input": "fine"}),
+        "{not json",
+        "[1, 2]",
+        json.dumps({"custom_id": "b"}),
+        json.dumps({"custom_id": "a", "input": "again"}),
+        json.dumps({"custom_id": 7, "input": "numeric id"}),
+    ]
+    data = _stream(lines).getvalue()
+    check = check_jsonl(lambda: io.BytesIO(data), input_field="input")
+    messages = [str(problem) for problem in check.problems]
+    assert messages[0].startswith("line 2: not valid JSON")
+    assert messages[1] == "line 3: expected a JSON object, got list"
+    assert messages[2] == "line 4: missing field 'input'"
+    assert messages[3] == "line 5: duplicate custom_id 'a' (first on line 1)"
+    assert messages[4] == "line 6: custom_id must be a non-empty string"
+    assert check.problem_count == 5
+    assert not check.ok
+
+
+def test_the_summary_caps_the_problems_it_lists_and_counts_the_rest() -> None:
+    data = _stream(["oops"] * 30).getvalue()
+    check = check_jsonl(lambda: io.BytesIO(data), input_field="input", max_problems=5)
+    summary = check.summary(limit=3)
+    assert summary.startswith("30 bad lines: line 1: not valid JSON")
+    assert summary.endswith("and 27 more bad lines")
+
+
+def test_an_input_without_records_is_not_ok() -> None:
+    check = check_jsonl(lambda: io.BytesIO(b"\n\n"), input_field="input")
+    assert not check.ok
+    assert check.summary(limit=5) == "the input has no records"
