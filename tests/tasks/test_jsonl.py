@@ -3,6 +3,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from tasks.formats.jsonl import JsonlCheck, check_jsonl, iter_jsonl
 
 
@@ -52,3 +54,26 @@ def test_an_input_without_records_is_not_ok() -> None:
     check = check_jsonl(lambda: io.BytesIO(b"\n\n"), input_field="input")
     assert not check.ok
     assert check.summary(limit=5) == "the input has no records"
+
+
+def test_a_line_longer_than_the_limit_is_refused_without_being_held_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tasks.formats.jsonl.MAX_LINE_BYTES", 64)
+    long_line = json.dumps({"custom_id": "big", "input": "x" * 500})
+    data = _stream([json.dumps({"input": "short"}), long_line, json.dumps({"input": "after"})]).getvalue()
+    check = check_jsonl(lambda: io.BytesIO(data), input_field="input")
+    assert [str(problem) for problem in check.problems] == ["line 2: line is longer than 64 bytes"]
+    assert check.records == 2
+
+
+def test_many_records_with_unique_ids_need_no_second_pass() -> None:
+    data = _stream([json.dumps({"custom_id": f"id-{n}", "input": "x"}) for n in range(5000)]).getvalue()
+    opened = []
+
+    def reopen() -> io.BytesIO:
+        opened.append(1)
+        return io.BytesIO(data)
+
+    check = check_jsonl(reopen, input_field="input")
+    assert check.ok
+    assert check.records == 5000
+    assert len(opened) == 1

@@ -10,6 +10,7 @@ import logging
 import uuid
 
 from celery import chord, group
+from django.db import transaction
 from django.db.models import F
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
@@ -46,12 +47,20 @@ def job_dispatch(*, job_id: str) -> None:
         return
     queue = gpu_queue(job.model.gpu_class.name, job.model.gpus_per_replica)
     signatures = []
-    for shard in shards:
-        task_id = f"shard-{job.id}-{shard.index}-{uuid.uuid4().hex[:12]}"
-        Shard.objects.filter(pk=shard.pk, status=ShardStatus.PENDING).update(
-            status=ShardStatus.DISPATCHED, task_id=task_id, attempt=F("attempt") + 1
-        )
-        signatures.append(run_shard.signature((shard_spec(job, shard).to_dict(),), task_id=task_id, queue=queue))
+    # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
+    # that never commit, which can be found and sent again; the reverse would run shards the
+    # database does not know were sent.
+    with transaction.atomic():
+        for shard in shards:
+            task_id = f"shard-{job.id}-{shard.index}-{uuid.uuid4().hex[:12]}"
+            claimed = Shard.objects.filter(pk=shard.pk, status=ShardStatus.PENDING).update(
+                status=ShardStatus.DISPATCHED, task_id=task_id, attempt=F("attempt") + 1
+            )
+            if claimed:
+                spec = shard_spec(job, shard).to_dict()
+                signatures.append(run_shard.signature((spec,), task_id=task_id, queue=queue))
+    if not signatures:
+        return
     callback = merge_job.si(str(job.id)).set(queue=CONTROL_QUEUE)
     # Called instead of the callback when a shard fails for good, once every shard has returned.
     callback.on_error(merge_job.si(str(job.id)).set(queue=CONTROL_QUEUE))

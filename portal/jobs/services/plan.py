@@ -19,7 +19,7 @@ from django.db import transaction
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.storage_layout import job_prefix, shard_input_uri, shard_prefix
 from portal.jobs.services.transitions import job_fail, job_transition
-from tasks.formats.jsonl import JsonlCheck, find_duplicate_ids, has_colliding_ids, iter_jsonl
+from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes, find_duplicate_ids, iter_jsonl
 from tasks.formats.records import Record, input_field_for
 from tasks.storage import StorageError, join_uri, store_for
 
@@ -92,9 +92,14 @@ def _cut_shards(job: Job, *, input_field: str, max_problems: int) -> tuple[Jsonl
         writer.abort()
         raise
     shards = writer.close()
-    if has_colliding_ids(check):
+    suspects = colliding_id_hashes(check)
+    if suspects:
         find_duplicate_ids(
-            lambda: store.open_read(job.input_uri), input_field=input_field, check=check, max_problems=max_problems
+            lambda: store.open_read(job.input_uri),
+            input_field=input_field,
+            check=check,
+            suspects=suspects,
+            max_problems=max_problems,
         )
     return check, shards
 

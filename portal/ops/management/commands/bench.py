@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Sum
 
@@ -24,18 +25,24 @@ from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
 
 
-def bare_loop_rate(sentences: list[str], *, source: str, batch_size: int) -> float:
-    """Sentences per second of `model.encode` alone, with torch's default threads, weights loaded."""
+def bare_loop_rates(sentences: list[str], *, source: str, batch_size: int) -> tuple[float, float]:
+    """Sentences per second of `model.encode` alone, weights loaded: torch's default threads, then one."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
     from sentence_transformers import SentenceTransformer
 
     from gpuworkers.sources import resolve_model_source
 
     model = SentenceTransformer(str(resolve_model_source(source)), device="cpu")
-    model.encode(sentences[:256], batch_size=batch_size)
-    started = time.perf_counter()
-    model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
-    return len(sentences) / (time.perf_counter() - started)
+    model.encode(sentences[:256], batch_size=batch_size, show_progress_bar=False)
+    rates = []
+    for threads in (torch.get_num_threads(), 1):
+        torch.set_num_threads(threads)
+        started = time.perf_counter()
+        model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+        rates.append(len(sentences) / (time.perf_counter() - started))
+    return rates[0], rates[1]
 
 
 class Command(BaseCommand):
@@ -50,11 +57,12 @@ class Command(BaseCommand):
         count = options["sentences"]
         dataset = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / f"sentences-{count}.jsonl", sentences=count)
         sentences = [json.loads(line)["input"] for line in dataset.read_text().splitlines()]
+        call_command("migrate", verbosity=0)
         model = Model.objects.get(is_default=True, enabled=True)
         batch_size = int(model.default_params.get("batch_size", 32))
 
         self.stdout.write(f"bare loop: model.encode over {count} sentences, batch size {batch_size} ...")
-        bare = bare_loop_rate(sentences, source=model.source, batch_size=batch_size)
+        bare, bare_one_thread = bare_loop_rates(sentences, source=model.source, batch_size=batch_size)
 
         stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=options["cpu_slots"], logs_to_files=True))
         stack.start()
@@ -80,6 +88,11 @@ class Command(BaseCommand):
         self.stdout.write(
             f"stack                {stack_rate:8.1f} records/s  ({elapsed:.1f} s, submit to merged output)"
         )
-        self.stdout.write(f"bare model loop      {bare:8.1f} records/s")
+        slots = job.shards.values("worker").distinct().count()
+        self.stdout.write(f"bare model loop      {bare:8.1f} records/s  (one process, torch's default threads)")
         self.stdout.write(f"ratio                {stack_rate / bare:8.3f}  (target >= 0.85, goal 0.95)")
-        self.stdout.write(f"engine time in shards {compute:7.1f} s summed over slots")
+        self.stdout.write(
+            f"per-slot efficiency  {stack_rate / (slots * bare_one_thread):8.3f}  "
+            f"(stack / ({slots} slots x bare loop on one thread, {bare_one_thread:.1f} records/s))"
+        )
+        self.stdout.write(f"engine time          {compute:8.1f} s summed over shards; the rest is overhead")

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuworkers.launcher import worker_command, worker_env
+from gpuworkers.slots import Gpu, gpu_class_of, plan_slots
+
+
+def test_four_gpus_in_slots_of_two_consume_the_x2_queue_of_their_class() -> None:
+    slots = plan_slots(gpus=[0, 1, 2, 3], gpus_per_worker=2, gpu_class="test")
+    assert [(slot.cuda_visible_devices, slot.queue) for slot in slots] == [
+        ("0,1", "gpu.test.x2"),
+        ("2,3", "gpu.test.x2"),
+    ]
+    env = worker_env(slots[1], {"PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    command = worker_command(slots[1], app="tasks.app", hostname="h", loglevel="INFO")
+    assert command[command.index("--queues") + 1] == "gpu.test.x2"
+    assert command[command.index("--concurrency") + 1] == "1"
+    assert command[command.index("--hostname") + 1] == "slot1-test@h"
+
+
+def test_a_machine_without_gpus_gets_cpu_slots_of_one_thread_each() -> None:
+    slots = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None, cpu_slots=2)
+    assert [(slot.queue, slot.cuda_visible_devices, slot.torch_threads) for slot in slots] == [
+        ("gpu.cpu", "", 1),
+        ("gpu.cpu", "", 1),
+    ]
+    assert worker_env(slots[0], {})["BATCHERY_TORCH_THREADS"] == "1"
+
+
+def test_gpus_that_do_not_divide_into_slots_are_refused() -> None:
+    with pytest.raises(ValueError, match="3 GPUs cannot be split into slots of 2"):
+        plan_slots(gpus=[0, 1, 2], gpus_per_worker=2, gpu_class="test")
+
+
+def test_the_class_of_a_gpu_comes_from_its_name_and_memory() -> None:
+    assert gpu_class_of(Gpu(index=0, name="NVIDIA H100 80GB HBM3", memory_bytes=80 * 1024**3)) == "h100-80gb"
