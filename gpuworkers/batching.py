@@ -1,12 +1,15 @@
 """The micro-batch loop of a shard: records through an engine, a bad record isolated from the others.
 
 A micro-batch that raises is run again record by record, so that only the records that fail get an
-error result and all the others still get their response. Running out of memory is not a bad
-record: `MemoryError` and torch's `OutOfMemoryError` propagate for the caller to handle.
+error result (code ``engine_error``) and all the others still get their response. A micro-batch that
+runs out of memory (`MemoryError`, torch's `OutOfMemoryError`) is split in halves after the cache is
+freed, down to single records; a record that runs out of memory alone gets code ``out_of_memory``.
+A CUDA error that breaks the device's context is no record's fault: `StickyDeviceError` is raised.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,11 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuworkers.engines.base import Engine
+from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 
 logger = logging.getLogger(__name__)
 
 ERROR_MESSAGE_LIMIT = 500
 """Characters of an exception's text kept in a record's error message."""
+
+ENGINE_ERROR = "engine_error"
+"""Error code of a record the engine raised on when it ran alone."""
+
+OUT_OF_MEMORY = "out_of_memory"
+"""Error code of a record that ran out of memory alone, after its micro-batch was split down to it."""
 
 
 @dataclass(frozen=True)
@@ -30,27 +40,45 @@ class RecordResult:
     response: dict[str, Any] | None
     """The engine's response for the record, or None when it failed."""
     error: dict[str, Any] | None
-    """``{"code": "engine_error", "message": "ValueError: ..."}`` when the record failed, else None."""
+    """``{"code": "engine_error" | "out_of_memory", "message": "ValueError: ..."}`` when it failed, else None."""
 
 
 class EngineOutputError(Exception):
     """The engine broke its contract: not one response dict per input."""
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """A failed engine call, kept as text so that nothing of the failed batch outlives it."""
+
+    code: str
+    """``engine_error`` or ``out_of_memory``."""
+    message: str
+    """The exception's type and text, truncated to `ERROR_MESSAGE_LIMIT`."""
+
+
+Items = Sequence[tuple[str, Any]]
+
+
 def run_records(
     engine: Engine,
-    items: Sequence[tuple[str, Any]],
+    items: Items,
     *,
     params: Mapping[str, Any],
     micro_batch_size: int,
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_out_of_memory_split: Callable[[int], None] | None = None,
 ) -> Iterator[RecordResult]:
     """Run ``(custom_id, input)`` items through ``engine`` in micro-batches; yield results in input order.
 
     After each micro-batch's results are yielded, ``on_progress(records_done, errors)`` is called
     with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
-    the iterator ends, and cancelling is the caller's business.
+    the iterator ends, and cancelling is the caller's business. ``on_out_of_memory_split(records)``
+    is called each time a batch of that many records ran out of memory and is split in halves.
+
+    Raises `StickyDeviceError`, chained to the engine's error, when the device's context broke; the
+    results yielded before it stand, the rest of the items are not run.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be at least 1, not {micro_batch_size}")
@@ -58,7 +86,7 @@ def run_records(
     for start in range(0, len(items), micro_batch_size):
         if should_stop is not None and should_stop():
             return
-        results = _run_micro_batch(engine, items[start : start + micro_batch_size], params)
+        results = _run_micro_batch(engine, items[start : start + micro_batch_size], params, on_out_of_memory_split)
         yield from results
         done += len(results)
         errors += sum(result.error is not None for result in results)
@@ -66,32 +94,50 @@ def run_records(
             on_progress(done, errors)
 
 
-def _run_micro_batch(engine: Engine, items: Sequence[tuple[str, Any]], params: Mapping[str, Any]) -> list[RecordResult]:
-    try:
-        responses = _checked_run(engine, [value for _, value in items], params)
-    except Exception as exc:
-        if _is_out_of_memory(exc):
-            raise
-        if len(items) == 1:
-            return [_failed(items[0][0], exc)]
+def _run_micro_batch(
+    engine: Engine,
+    items: Items,
+    params: Mapping[str, Any],
+    on_split: Callable[[int], None] | None,
+) -> list[RecordResult]:
+    outcome = _attempt(engine, items, params)
+    if not isinstance(outcome, _Failure):
+        return [
+            RecordResult(custom_id, response, None) for (custom_id, _), response in zip(items, outcome, strict=True)
+        ]
+    if outcome.code == OUT_OF_MEMORY:
+        free_device_memory()
+    if len(items) == 1:
+        return [_failed(items[0][0], outcome)]
+    if outcome.code == OUT_OF_MEMORY:
+        # Halving bounds the recursion at log2(len(items)) levels and 2 * len(items) - 1 engine calls.
+        middle = len(items) // 2
         logger.warning(
-            "a micro-batch of %d records failed (%s: %s); running it again record by record",
+            "a micro-batch of %d records ran out of memory (%s); running it again as %d and %d records",
             len(items),
-            type(exc).__name__,
-            exc,
+            outcome.message,
+            middle,
+            len(items) - middle,
         )
-        return [_run_one(engine, custom_id, value, params) for custom_id, value in items]
-    return [RecordResult(custom_id, response, None) for (custom_id, _), response in zip(items, responses, strict=True)]
+        if on_split is not None:
+            on_split(len(items))
+        first_half = _run_micro_batch(engine, items[:middle], params, on_split)
+        return first_half + _run_micro_batch(engine, items[middle:], params, on_split)
+    logger.warning(
+        "a micro-batch of %d records failed (%s); running it again record by record", len(items), outcome.message
+    )
+    return [result for item in items for result in _run_micro_batch(engine, [item], params, on_split)]
 
 
-def _run_one(engine: Engine, custom_id: str, value: Any, params: Mapping[str, Any]) -> RecordResult:
+def _attempt(engine: Engine, items: Items, params: Mapping[str, Any]) -> list[dict[str, Any]] | _Failure:
+    # The exception is turned into a plain value before returning: its traceback holds the engine's
+    # frames and, through them, the tensors of the failed batch, which must be gone before a retry.
     try:
-        (response,) = _checked_run(engine, [value], params)
+        return _checked_run(engine, [value for _, value in items], params)
     except Exception as exc:
-        if _is_out_of_memory(exc):
-            raise
-        return _failed(custom_id, exc)
-    return RecordResult(custom_id, response, None)
+        if is_sticky_device_error(exc):
+            raise StickyDeviceError(f"the device's context is broken: {_describe(exc)}") from exc
+        return _Failure(OUT_OF_MEMORY if _is_out_of_memory(exc) else ENGINE_ERROR, _describe(exc))
 
 
 def _checked_run(engine: Engine, inputs: list[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -104,11 +150,30 @@ def _checked_run(engine: Engine, inputs: list[Any], params: Mapping[str, Any]) -
     return responses
 
 
-def _failed(custom_id: str, exc: Exception) -> RecordResult:
+def free_device_memory() -> None:
+    """Collect garbage and hand torch's cached CUDA blocks back, so that a smaller retry can fit."""
+    gc.collect()
+    # Only CUDA this process already initialised has a cache to free; initialising it here would not.
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    try:
+        torch.cuda.empty_cache()
+    except Exception as exc:
+        if is_sticky_device_error(exc):
+            raise StickyDeviceError(f"the device's context is broken: {_describe(exc)}") from exc
+        raise
+
+
+def _describe(exc: Exception) -> str:
     message = f"{type(exc).__name__}: {exc}"
     if len(message) > ERROR_MESSAGE_LIMIT:
         message = message[: ERROR_MESSAGE_LIMIT - 1] + "…"
-    return RecordResult(custom_id, None, {"code": "engine_error", "message": message})
+    return message
+
+
+def _failed(custom_id: str, failure: _Failure) -> RecordResult:
+    return RecordResult(custom_id, None, {"code": failure.code, "message": failure.message})
 
 
 def _is_out_of_memory(exc: Exception) -> bool:

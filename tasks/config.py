@@ -79,6 +79,25 @@ def celery_settings() -> dict[str, object]:
         "task_routes": {
             "batchery.plan_job": {"queue": CONTROL_QUEUE},
             "batchery.merge_job": {"queue": CONTROL_QUEUE},
+            "batchery.reconcile": {"queue": CONTROL_QUEUE},
+        },
+        "beat_schedule": {
+            "reconcile": {
+                "task": "batchery.reconcile",
+                "schedule": float(RECONCILE_INTERVAL_S),
+                # A reconcile that waited longer than its interval is stale; the next one replaces it.
+                "options": {"expires": float(RECONCILE_INTERVAL_S)},
+            }
         },
         "worker_hijack_root_logger": False,
     }
+
+
+# Attempts of a shard that end in a dead worker before it is re-run range by range, with
+# checkpoints, to find the records that kill the worker ("poison records").
+SHARD_ATTEMPTS_BEFORE_BISECT = env_int("BATCHERY_SHARD_ATTEMPTS_BEFORE_BISECT", 3, minimum=1)
+# Past this many attempts, whatever range is still killing the worker is given up as poison.
+SHARD_MAX_ATTEMPTS = env_int("BATCHERY_SHARD_MAX_ATTEMPTS", 40, minimum=2)
+# Times a shard may be dispatched (lost messages, timeouts) before it fails for good.
+SHARD_MAX_DISPATCHES = env_int("BATCHERY_SHARD_MAX_DISPATCHES", 8, minimum=1)
+RECONCILE_INTERVAL_S = env_int("BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1)

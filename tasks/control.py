@@ -27,6 +27,8 @@ def ensure_django() -> None:
 class ControlTask(Task):
     acks_late = True
     reject_on_worker_lost = True
+    #: Statuses from which a failure of this task fails the job; others are left to their owner.
+    fails_job_from: frozenset[str] = frozenset()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ensure_django()
@@ -43,8 +45,10 @@ class ControlTask(Task):
         # Every control task takes the job id first; a job must never be left without an ending.
         logger.error("control task %s[%s] failed: %r args=%r", self.name, task_id, exc, args)
         job_id = kwargs.get("job_id") or (args[0] if args else None)
-        if job_id is None:
+        if job_id is None or not self.fails_job_from:
             return
         from portal.jobs.services.transitions import job_fail
 
-        job_fail(job_id=str(job_id), reason=f"{self.name} failed: {type(exc).__name__}: {exc}")
+        job_fail(
+            job_id=str(job_id), reason=f"{self.name} failed: {type(exc).__name__}: {exc}", source=self.fails_job_from
+        )

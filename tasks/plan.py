@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tasks.app import app
 from tasks.control import ControlTask
 
 
-@app.task(name="batchery.plan_job", base=ControlTask)
-def plan_job(job_id: str) -> None:
+@app.task(name="batchery.plan_job", base=ControlTask, bind=True, fails_job_from=frozenset({"queued", "planning"}))
+def plan_job(self: Any, job_id: str) -> None:
     from portal.jobs.services.plan import job_plan
 
-    job_plan(job_id=job_id)
+    job_plan(job_id=job_id, holder=f"{self.request.hostname}:{self.request.id}")

@@ -6,17 +6,12 @@ numbers instead of adding to them. Redis only holds these live figures; the data
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import redis
 
-from tasks.config import RESULT_EXPIRES_S, progress_redis_url
-
-
-@functools.cache
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(progress_redis_url(), socket_timeout=5, socket_connect_timeout=5)
+from tasks.config import RESULT_EXPIRES_S
+from tasks.redis_client import redis_client as _client
 
 
 def _key(job_id: str) -> str:

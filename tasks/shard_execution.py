@@ -1,8 +1,10 @@
 """Running one shard on a warm worker: the body of `run_shard`, kept free of Celery and Django.
 
-The attempt writes its output under keys unique to it, then commits by creating the shard's commit
-marker if it does not exist yet. A second attempt of a committed shard (a redelivered message)
-returns the committed manifest and writes nothing, so the merge sees exactly one attempt per shard.
+Each attempt is counted by a marker in storage (which survives Redis and the worker), holds a lease
+in Redis while it runs, and checks its job's stop flag on arrival and between micro-batches. It
+writes its output under keys unique to it, then commits by creating the shard's commit marker if
+it does not exist yet. A second attempt of a committed shard (a redelivered message) returns the
+committed manifest and writes nothing, so the merge sees exactly one attempt per shard.
 """
 
 from __future__ import annotations
@@ -11,17 +13,21 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import orjson
 
 from gpuworkers.batching import RecordResult, run_records
 from gpuworkers.cache import process_cache
 from gpuworkers.settings import device, micro_batch_size
+from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
+from tasks.leases import Lease, shard_lease_key
 from tasks.progress import publish_shard_progress
-from tasks.specs import ShardManifest, ShardSpec
-from tasks.storage import join_uri, store_for
+from tasks.shard_bisect import run_checkpointed
+from tasks.specs import ShardManifest, ShardSkipped, ShardSpec
+from tasks.stops import stop_reason
+from tasks.storage import ObjectStore, join_uri, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +42,23 @@ def read_committed_manifest(spec: ShardSpec) -> ShardManifest | None:
     return ShardManifest.from_dict(orjson.loads(store.read_bytes(spec.commit_uri)))
 
 
-def _read_items(spec: ShardSpec) -> Iterator[tuple[str, Any]]:
+def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: str) -> int:
+    """Record that an attempt started; return how many have started, this one included."""
+    started = join_uri(spec.shard_prefix, "started")
+    store.put_if_absent(join_uri(started, attempt_id), worker.encode())
+    return sum(1 for _ in store.list_prefix(started))
+
+
+def _read_items(spec: ShardSpec) -> list[tuple[str, Any]]:
     with store_for(spec.input_uri).open_read(spec.input_uri) as stream:
-        for raw in stream:
-            record = orjson.loads(raw)
-            yield record["custom_id"], record[spec.input_field]
+        return [(record["custom_id"], record[spec.input_field]) for record in map(orjson.loads, stream)]
+
+
+class OutputLine(NamedTuple):
+    data: bytes
+    is_error: bool
+    prompt_tokens: int
+    completion_tokens: int
 
 
 def _output_line(result: RecordResult) -> bytes:
@@ -49,50 +67,82 @@ def _output_line(result: RecordResult) -> bytes:
     return orjson.dumps({"custom_id": result.custom_id, "response": result.response}, option=_JSON_OPTIONS)
 
 
-def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest:
+def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipped:
     committed = read_committed_manifest(spec)
     if committed is not None:
-        logger.info(
-            "shard %s/%d already committed by %s; nothing to do", spec.job_id, spec.shard_index, committed.attempt_id
-        )
+        logger.info("shard %s/%d already committed by %s", spec.job_id, spec.shard_index, committed.attempt_id)
         return committed
+    reason = stop_reason(spec.job_id)
+    if reason is not None:
+        return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=reason)
 
-    started_at = time.time()
+    store = store_for(spec.shard_prefix)
     attempt_id = uuid.uuid4().hex
+    attempt_no = start_attempt(store, spec, attempt_id, worker)
+    with Lease(shard_lease_key(spec.job_id, spec.shard_index), f"{worker}:{attempt_id}"):
+        return _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+
+
+def _run_attempt(
+    spec: ShardSpec, *, store: ObjectStore, worker: str, attempt_id: str, attempt_no: int
+) -> ShardManifest | ShardSkipped:
+    started_at = time.time()
     cache = process_cache()
     lookup = cache.get(spec.model, device=device())
-    items = list(_read_items(spec))
+    items = _read_items(spec)
+    chunk = int(spec.params.get("micro_batch_size", micro_batch_size()))
 
-    attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
-    output_uri = f"{attempt_prefix}.output.jsonl"
-    errors_uri = f"{attempt_prefix}.errors.jsonl"
-    store = store_for(output_uri)
+    def stopped() -> bool:
+        return stop_reason(spec.job_id) is not None
 
     def on_progress(done: int, failed: int) -> None:
         publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed)
 
-    succeeded = failed = prompt_tokens = completion_tokens = 0
     compute_started = time.perf_counter()
-    with store.open_write(output_uri) as output, store.open_write(errors_uri) as errors:
+    lines: Iterable[OutputLine] | None
+    if attempt_no > SHARD_ATTEMPTS_BEFORE_BISECT:
+        logger.warning(
+            "shard %s/%d: attempt %d, running range by range with checkpoints",
+            spec.job_id,
+            spec.shard_index,
+            attempt_no,
+        )
+        checkpointed = run_checkpointed(
+            store=store,
+            prefix=join_uri(spec.shard_prefix, "bisect"),
+            engine=lookup.engine,
+            items=items,
+            params=dict(spec.params),
+            chunk=chunk,
+            attempt_no=attempt_no,
+            give_up_in_flight=attempt_no >= SHARD_MAX_ATTEMPTS,
+            should_stop=stopped,
+        )
+        lines = None if checkpointed is None else _from_lines(checkpointed)
+    else:
         results = run_records(
             lookup.engine,
             items,
             params=spec.params,
-            micro_batch_size=int(spec.params.get("micro_batch_size", micro_batch_size())),
+            micro_batch_size=chunk,
             on_progress=on_progress,
+            should_stop=stopped,
         )
-        for result in results:
-            line = _output_line(result)
-            output.write(line)
-            if result.error is not None:
-                errors.write(line)
-                failed += 1
-                continue
-            succeeded += 1
-            usage = (result.response or {}).get("usage") or {}
-            prompt_tokens += int(usage.get("prompt_tokens", 0))
-            completion_tokens += int(usage.get("completion_tokens", 0))
+        lines = _from_results(results)
+    if lines is None:
+        return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=stop_reason(spec.job_id) or "")
+
+    attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
+    output_uri = f"{attempt_prefix}.output.jsonl"
+    errors_uri = f"{attempt_prefix}.errors.jsonl"
+    counts = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri)
     compute_seconds = time.perf_counter() - compute_started
+    if counts["records"] != spec.record_count:
+        # Told to stop between micro-batches: the attempt is abandoned, not committed.
+        store.delete_prefix(output_uri)
+        store.delete_prefix(errors_uri)
+        return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=stop_reason(spec.job_id) or "")
+    on_progress(counts["records"], counts["failed"])
 
     manifest = ShardManifest(
         job_id=spec.job_id,
@@ -102,17 +152,17 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest:
         pid=os.getpid(),
         output_uri=output_uri,
         errors_uri=errors_uri,
-        records=succeeded + failed,
-        succeeded=succeeded,
-        failed=failed,
+        records=counts["records"],
+        succeeded=counts["records"] - counts["failed"],
+        failed=counts["failed"],
         started_at=started_at,
         finished_at=time.time(),
         compute_seconds=round(compute_seconds, 4),
         load_seconds=round(lookup.load_seconds, 4),
         cache_hit=lookup.hit,
-        model_loads=cache.loads_of(spec.model.cache_key),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
+        model_loads=process_cache().loads_of(spec.model.cache_key),
+        prompt_tokens=counts["prompt_tokens"],
+        completion_tokens=counts["completion_tokens"],
     )
     if not store.put_if_absent(spec.commit_uri, orjson.dumps(manifest.to_dict())):
         # Another attempt committed first; ours is an orphan and the committed one stands.
@@ -122,3 +172,39 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest:
         assert winner is not None
         return winner
     return manifest
+
+
+def _from_results(results: Iterable[RecordResult]) -> Iterator[OutputLine]:
+    for result in results:
+        usage = (result.response or {}).get("usage") or {}
+        yield OutputLine(
+            _output_line(result),
+            result.error is not None,
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+        )
+
+
+def _from_lines(lines: Iterable[bytes]) -> Iterator[OutputLine]:
+    for line in lines:
+        record = orjson.loads(line)
+        usage = (record.get("response") or {}).get("usage") or {}
+        yield OutputLine(
+            line, "error" in record, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        )
+
+
+def _write_outputs(
+    store: ObjectStore, lines: Iterable[OutputLine], *, output_uri: str, errors_uri: str
+) -> dict[str, int]:
+    counts = {"records": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    with store.open_write(output_uri) as output, store.open_write(errors_uri) as errors:
+        for line in lines:
+            output.write(line.data)
+            counts["records"] += 1
+            counts["prompt_tokens"] += line.prompt_tokens
+            counts["completion_tokens"] += line.completion_tokens
+            if line.is_error:
+                errors.write(line.data)
+                counts["failed"] += 1
+    return counts

@@ -87,5 +87,18 @@ class ShardManifest:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class ShardSkipped:
+    """What a shard returns instead of a manifest when its job was stopped (cancelled, expired)."""
+
+    job_id: str
+    shard_index: int
+    skipped: str
+    """The stop reason."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def commit_uri(shard_prefix: str) -> str:
     return join_uri(shard_prefix, "commit.json")

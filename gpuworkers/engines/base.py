@@ -35,6 +35,7 @@ class Engine(Protocol):
 
 
 _ENGINES: dict[str, str] = {
+    "python": "gpuworkers.engines.python:PythonEngine",
     "sentence_transformers": "gpuworkers.engines.sentence_transformers:SentenceTransformersEngine",
     "transformers": "gpuworkers.engines.transformers:TransformersEngine",
 }

@@ -17,26 +17,39 @@ class JobStatus(models.TextChoices):
     PLANNING = "planning"
     RUNNING = "running"
     MERGING = "merging"
+    CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
     PARTIALLY_SUCCEEDED = "partially_succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
-FINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+FINAL_STATUSES = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
+)
+# Endings from which `retry` re-runs the failed records.
+RETRYABLE_STATUSES = frozenset({JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED})
 
 
 class Job(models.Model):
     # The one place that says which status may follow which.
+    # Planning may start again after a planner crash; a finished job runs again on `retry`.
     TRANSITIONS: dict[str, frozenset[str]] = {
-        JobStatus.QUEUED: frozenset({JobStatus.PLANNING, JobStatus.FAILED, JobStatus.CANCELLED}),
-        JobStatus.PLANNING: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}),
-        JobStatus.RUNNING: frozenset({JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLED}),
-        JobStatus.MERGING: frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED}),
+        JobStatus.QUEUED: frozenset({JobStatus.PLANNING, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}),
+        JobStatus.PLANNING: frozenset(
+            {JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
+        ),
+        JobStatus.RUNNING: frozenset({JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLING}),
+        JobStatus.MERGING: frozenset(
+            {JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED}
+        ),
+        JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED}),
         JobStatus.SUCCEEDED: frozenset(),
-        JobStatus.PARTIALLY_SUCCEEDED: frozenset(),
-        JobStatus.FAILED: frozenset(),
+        JobStatus.PARTIALLY_SUCCEEDED: frozenset({JobStatus.RUNNING}),
+        JobStatus.FAILED: frozenset({JobStatus.RUNNING}),
         JobStatus.CANCELLED: frozenset(),
+        JobStatus.EXPIRED: frozenset({JobStatus.RUNNING}),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -59,6 +72,8 @@ class Job(models.Model):
     succeeded_records = models.PositiveBigIntegerField(default=0)
     failed_records = models.PositiveBigIntegerField(default=0)
     shard_count = models.PositiveIntegerField(default=0)
+    retry_round = models.PositiveIntegerField(default=0, help_text="0 until `retry` re-runs failed records.")
+    deadline_at = models.DateTimeField(null=True, blank=True, help_text="Past it the job ends `expired`.")
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -104,13 +119,15 @@ class ShardStatus(models.TextChoices):
 class Shard(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards")
     index = models.PositiveIntegerField()
+    round = models.PositiveIntegerField(default=0, help_text="0 for the job's shards, n for its n-th retry.")
     first_record = models.PositiveBigIntegerField(help_text="0-based position of the shard's first record.")
     record_count = models.PositiveIntegerField()
     input_uri = models.CharField(max_length=1000)
     prefix_uri = models.CharField(max_length=1000, help_text="Where attempts and the commit marker go.")
     status = models.CharField(max_length=20, choices=ShardStatus.choices, default=ShardStatus.PENDING)
     task_id = models.CharField(max_length=100, blank=True)
-    attempt = models.PositiveIntegerField(default=0, help_text="Attempts dispatched so far.")
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="Times the shard was dispatched.")
     attempt_id = models.CharField(max_length=64, blank=True, help_text="The committed attempt.")
     output_uri = models.CharField(max_length=1000, blank=True)
     errors_uri = models.CharField(max_length=1000, blank=True)

@@ -58,9 +58,9 @@ class Stack:
         from tasks.config import celery_settings
 
         app.conf.update(celery_settings())
-        from tasks import progress
+        from tasks.redis_client import redis_client
 
-        progress._client.cache_clear()
+        redis_client.cache_clear()
 
     def _spawn(self, name: str, command: list[str]) -> None:
         output = None

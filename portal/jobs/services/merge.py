@@ -1,8 +1,13 @@
 """Merge: record each shard's committed manifest, stitch outputs in input order, end the job.
 
 The merge trusts storage, not the chord's arguments: each shard's commit marker names the one
-attempt whose output counts. A shard whose task failed for good has no marker; its records become
-error lines naming the reason, so the output still holds exactly one line per input record.
+attempt whose output counts, and the merge publishes only once every shard has committed or failed
+for good, so a chord that fires early or twice cannot corrupt the output. A shard whose task failed
+for good has no marker; its records become error lines naming the reason. A shard whose task died
+of something a new attempt may survive (a time limit, a lost worker) is dispatched again.
+
+When a job is stopped (cancelled, expired) the merge does not wait: committed shards are kept and
+every other record becomes an error line with the stop reason as its code.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from django.utils import timezone
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.app import app
+from tasks.config import SHARD_MAX_DISPATCHES
+from tasks.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shard_execution import read_committed_manifest
 from tasks.specs import ShardManifest
 from tasks.storage import store_for
@@ -28,43 +35,47 @@ from tasks.storage import store_for
 logger = logging.getLogger(__name__)
 
 COPY_BUFFER_BYTES = 1024 * 1024
+# Failures a new attempt may not repeat: the task was killed or its process died.
+TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})
+STOP_ENDINGS = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
 
 
 @dataclass(frozen=True)
 class ShardOutcome:
     shard: Shard
     manifest: ShardManifest | None
-    """The committed attempt, or None when the shard failed for good."""
+    """The committed attempt, or None when the shard failed for good or was stopped."""
     failure: str = ""
+    code: str = "shard_failed"
+    """Error code given to the records of a shard without a committed attempt."""
 
 
-class ShardNotFinished(Exception):
-    """A shard has neither committed nor failed for good; the merge must wait (a chord fired early)."""
+@dataclass(frozen=True)
+class TaskFailure:
+    reason: str
+    transient: bool
 
 
-def _failure_reason(shard: Shard) -> str | None:
-    """Why a shard's task failed for good, or None if it has not (yet) failed."""
+def task_failure(shard: Shard) -> TaskFailure | None:
+    """How a shard's current task failed, or None if it has not failed (it may still be running)."""
     if not shard.task_id:
-        return "the shard was never dispatched"
+        return None
     result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
     if result.state != states.FAILURE:
         return None
     exc = result.result
-    return f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
+    name = type(exc).__name__ if isinstance(exc, BaseException) else "Error"
+    reason = f"{name}: {exc}" if isinstance(exc, BaseException) else str(exc)
+    return TaskFailure(reason=reason, transient=name in TRANSIENT_FAILURES)
 
 
-def _outcome(job: Job, shard: Shard) -> ShardOutcome:
+def read_manifest(job: Job, shard: Shard) -> ShardManifest | None:
     from portal.jobs.services.dispatch import shard_spec
 
     manifest = read_committed_manifest(shard_spec(job, shard))
-    if manifest is not None:
-        if manifest.records != shard.record_count:
-            raise ValueError(f"shard {shard.index} committed {manifest.records} records but holds {shard.record_count}")
-        return ShardOutcome(shard=shard, manifest=manifest)
-    reason = _failure_reason(shard)
-    if reason is None:
-        raise ShardNotFinished(f"shard {shard.index} has not finished")
-    return ShardOutcome(shard=shard, manifest=None, failure=reason)
+    if manifest is not None and manifest.records != shard.record_count:
+        raise ValueError(f"shard {shard.index} committed {manifest.records} records but holds {shard.record_count}")
+    return manifest
 
 
 def _record_outcome(outcome: ShardOutcome) -> None:
@@ -96,8 +107,8 @@ def _copy(uri: str, target: BinaryIO) -> None:
         shutil.copyfileobj(source, target, COPY_BUFFER_BYTES)
 
 
-def _write_failed_shard(outcome: ShardOutcome, output: BinaryIO, errors: BinaryIO) -> None:
-    error = {"code": "shard_failed", "message": outcome.failure}
+def _write_unfinished_shard(outcome: ShardOutcome, output: BinaryIO, errors: BinaryIO) -> None:
+    error = {"code": outcome.code, "message": outcome.failure}
     with store_for(outcome.shard.input_uri).open_read(outcome.shard.input_uri) as source:
         for raw in source:
             line = orjson.dumps(
@@ -112,7 +123,7 @@ def _stitch(job: Job, outcomes: list[ShardOutcome]) -> None:
     with store.open_write(job.output_uri) as output, store.open_write(job.errors_uri) as errors:
         for outcome in outcomes:
             if outcome.manifest is None:
-                _write_failed_shard(outcome, output, errors)
+                _write_unfinished_shard(outcome, output, errors)
                 continue
             _copy(outcome.manifest.output_uri, output)
             _copy(outcome.manifest.errors_uri, errors)
@@ -126,21 +137,77 @@ def _ending(succeeded: int, failed: int) -> str:
     return JobStatus.PARTIALLY_SUCCEEDED
 
 
-def job_merge(*, job_id: str) -> None:
+def _outcomes_when_finished(job: Job, shards: list[Shard]) -> list[ShardOutcome] | None:
+    """Every shard's outcome, or None (after sending again what may yet succeed) if some are unfinished."""
+    outcomes, resend, waiting = [], [], 0
+    for shard in shards:
+        manifest = read_manifest(job, shard)
+        if manifest is not None:
+            outcomes.append(ShardOutcome(shard=shard, manifest=manifest))
+            continue
+        if shard.status == ShardStatus.FAILED:
+            outcomes.append(ShardOutcome(shard=shard, manifest=None, failure=shard.error))
+            continue
+        failure = task_failure(shard)
+        if failure is None:
+            waiting += 1
+        elif failure.transient and shard.attempt < SHARD_MAX_DISPATCHES:
+            resend.append(shard)
+        else:
+            reason = failure.reason if not failure.transient else f"{failure.reason} ({shard.attempt} dispatches)"
+            outcomes.append(ShardOutcome(shard=shard, manifest=None, failure=reason))
+    if resend:
+        from portal.jobs.services.dispatch import job_redispatch
+
+        job_redispatch(job_id=str(job.id), shards=resend, reason="its task was killed or its worker lost")
+    if resend or waiting:
+        logger.info("job %s: %d shards unfinished, %d sent again; merge waits", job.id, waiting, len(resend))
+        return None
+    return outcomes
+
+
+def _stopped_outcomes(job: Job, shards: list[Shard], reason: str) -> list[ShardOutcome]:
+    outcomes = []
+    message = f"the job was {reason} before this record ran"
+    for shard in shards:
+        manifest = read_manifest(job, shard)
+        outcomes.append(ShardOutcome(shard=shard, manifest=manifest, failure=message, code=reason))
+    return outcomes
+
+
+def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -> None:
+    """Merge a running job once its shards are done, or at once a job stopped with `stop`."""
     job = Job.objects.select_related("model").get(pk=job_id)
-    if job.status != JobStatus.RUNNING:
+    expected = JobStatus.CANCELLING if stop == "cancelled" else JobStatus.RUNNING
+    # A merge that died mid-way (its message redelivered, or sent again by the reconciler) resumes.
+    resumable = {expected, JobStatus.MERGING} if stop != "cancelled" else {expected}
+    if job.status not in resumable:
         logger.info("job %s is %s; nothing to merge", job_id, job.status)
         return
+    try:
+        with Lease(job_lease_key("merge", job_id), holder, exclusive=True):
+            job.refresh_from_db()
+            if job.status in resumable:
+                _merge(job, stop=stop)
+    except LeaseHeld as held:
+        logger.info("job %s is being merged by %s already", job_id, held.holder)
+
+
+def _merge(job: Job, *, stop: str | None) -> None:
+    job_id = str(job.id)
     shards = list(job.shards.order_by("index"))
     try:
-        outcomes = [_outcome(job, shard) for shard in shards]
-    except ShardNotFinished as exc:
-        logger.warning("job %s: merge called before every shard finished (%s); waiting", job_id, exc)
-        return
+        outcomes = _stopped_outcomes(job, shards, stop) if stop else _outcomes_when_finished(job, shards)
     except ValueError as exc:
         job_fail(job_id=job_id, reason=f"merge refused inconsistent shard output: {exc}")
         return
-    if not job_transition(job_id=job_id, target=JobStatus.MERGING):
+    if outcomes is None:
+        return
+    if (
+        stop != "cancelled"
+        and job.status == JobStatus.RUNNING
+        and not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.MERGING)
+    ):
         return
 
     for outcome in outcomes:
@@ -149,15 +216,22 @@ def job_merge(*, job_id: str) -> None:
 
     succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
     failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
-    shard_failures = [f"shard {o.shard.index}: {o.failure}" for o in outcomes if o.manifest is None]
-    ending = _ending(succeeded, failed)
-    error = ""
-    if shard_failures:
-        error = f"{len(shard_failures)} of {len(outcomes)} shards failed; first: {shard_failures[0]}"
-    elif ending == JobStatus.FAILED:
-        error = f"all {failed} records failed; see the error file"
+    ending: str
+    if stop:
+        ending, source = STOP_ENDINGS[stop], (JobStatus.CANCELLING if stop == "cancelled" else JobStatus.MERGING)
+        unfinished = sum(1 for o in outcomes if o.manifest is None)
+        error = f"{stop}: {unfinished} of {len(outcomes)} shards had not finished; their records are '{stop}' errors"
+    else:
+        ending, source = _ending(succeeded, failed), JobStatus.MERGING
+        shard_failures = [f"shard {o.shard.index}: {o.failure}" for o in outcomes if o.manifest is None]
+        error = ""
+        if shard_failures:
+            error = f"{len(shard_failures)} of {len(outcomes)} shards failed; first: {shard_failures[0]}"
+        elif ending == JobStatus.FAILED:
+            error = f"all {failed} records failed; see the error file"
     job_transition(
         job_id=job_id,
+        source=source,
         target=ending,
         succeeded_records=succeeded,
         failed_records=failed,

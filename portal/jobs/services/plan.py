@@ -21,6 +21,7 @@ from portal.jobs.services.storage_layout import job_prefix, shard_input_uri, sha
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes, find_duplicate_ids, iter_jsonl
 from tasks.formats.records import Record, input_field_for
+from tasks.leases import Lease, LeaseHeld, job_lease_key
 from tasks.storage import StorageError, join_uri, store_for
 
 logger = logging.getLogger(__name__)
@@ -104,20 +105,33 @@ def _cut_shards(job: Job, *, input_field: str, max_problems: int) -> tuple[Jsonl
     return check, shards
 
 
-def job_plan(*, job_id: str) -> None:
-    if not job_transition(job_id=job_id, target=JobStatus.PLANNING):
-        return
+PLANNABLE = (JobStatus.QUEUED, JobStatus.PLANNING)
+
+
+def job_plan(*, job_id: str, holder: str = "planner") -> None:
+    """Plan a queued job. A job found `planning` is planned again: its planner died before the
+    shards were created (they are created in the same transaction that ends planning), unless a
+    live planner still holds the job's plan lease."""
+    try:
+        with Lease(job_lease_key("plan", job_id), holder, exclusive=True):
+            if job_transition(job_id=job_id, source=PLANNABLE, target=JobStatus.PLANNING):
+                _plan(job_id)
+    except LeaseHeld as held:
+        logger.info("job %s is being planned by %s; not planning it twice", job_id, held.holder)
+
+
+def _plan(job_id: str) -> None:
     job = Job.objects.select_related("model").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     try:
         check, shards = _cut_shards(job, input_field=input_field_for(job.model.task), max_problems=limit)
     except StorageError as exc:
-        job_fail(job_id=job_id, reason=f"cannot read the input: {exc}")
+        job_fail(job_id=job_id, reason=f"cannot read the input: {exc}", source=JobStatus.PLANNING)
         return
     if not check.ok:
         input_prefix = join_uri(job_prefix(job_id), "input")
         store_for(input_prefix).delete_prefix(input_prefix)
-        job_fail(job_id=job_id, reason=f"input rejected: {check.summary(limit=limit)}")
+        job_fail(job_id=job_id, reason=f"input rejected: {check.summary(limit=limit)}", source=JobStatus.PLANNING)
         return
 
     with transaction.atomic():
@@ -133,10 +147,14 @@ def job_plan(*, job_id: str) -> None:
             for planned in shards
         )
         moved = job_transition(
-            job_id=job_id, target=JobStatus.RUNNING, total_records=check.records, shard_count=len(shards)
+            job_id=job_id,
+            source=JobStatus.PLANNING,
+            target=JobStatus.RUNNING,
+            total_records=check.records,
+            shard_count=len(shards),
         )
         if not moved:
-            # Cancelled while planning: roll the shards back with the transaction.
+            # Cancelled or expired while planning: roll the shards back with the transaction.
             transaction.set_rollback(True)
             return
         from portal.jobs.services.dispatch import job_dispatch

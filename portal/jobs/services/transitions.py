@@ -1,22 +1,31 @@
-"""Job status changes, each a conditional UPDATE: zero rows changed means someone got there first."""
+"""Job status changes, each a conditional UPDATE: zero rows changed means someone got there first.
+
+Callers name the edge they mean (`source` → `target`); an edge that `Job.TRANSITIONS` does not allow
+is a programming error and raises.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from django.utils import timezone
 
-from portal.jobs.models import Job, JobStatus
+from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 20_000
+ACTIVE_STATUSES = frozenset(JobStatus) - FINAL_STATUSES
 
 
-def job_transition(*, job_id: str, target: str, **fields: Any) -> bool:
-    """Move a job to `target` from any status allowed to precede it; True if this call moved it."""
-    sources = Job.sources_of(target)
+def job_transition(*, job_id: str, source: str | Collection[str], target: str, **fields: Any) -> bool:
+    """Move a job from `source` (one status or several) to `target`; True if this call moved it."""
+    sources = {source} if isinstance(source, str) else set(source)
+    refused = [status for status in sources if not Job.can_transition(status, target)]
+    if refused:
+        raise ValueError(f"a job may not go from {', '.join(sorted(refused))} to {target}")
     moved = Job.objects.filter(pk=job_id, status__in=sources).update(status=target, updated_at=timezone.now(), **fields)
     if not moved:
         current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
@@ -24,8 +33,14 @@ def job_transition(*, job_id: str, target: str, **fields: Any) -> bool:
     return bool(moved)
 
 
-def job_fail(*, job_id: str, reason: str) -> bool:
+def job_fail(*, job_id: str, reason: str, source: str | Collection[str] | None = None) -> bool:
     """End a job as failed with a reason for people; a job already ended keeps its ending."""
+    sources = source if source is not None else Job.sources_of(JobStatus.FAILED)
+    sources = {sources} if isinstance(sources, str) else set(sources) & ACTIVE_STATUSES
     return job_transition(
-        job_id=job_id, target=JobStatus.FAILED, error=reason[:MAX_ERROR_CHARS], finished_at=timezone.now()
+        job_id=job_id,
+        source=sources,
+        target=JobStatus.FAILED,
+        error=reason[:MAX_ERROR_CHARS],
+        finished_at=timezone.now(),
     )

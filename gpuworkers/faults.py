@@ -1,0 +1,59 @@
+"""Device faults that end a worker process: recognising the CUDA errors no retry in-process survives.
+
+After an illegal memory access, a device-side assert or a lost GPU, the process's CUDA context is
+unusable: every later kernel launch fails with the same error. Isolating such an error per record
+would turn one fault into an error line for every record that follows, so the micro-batch loop
+raises `StickyDeviceError` instead, and the shard task makes the worker exit for a fresh one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ERROR_MARKERS: tuple[str, ...] = (
+    "illegal memory access",
+    "device-side assert triggered",
+    "unspecified launch failure",
+    "an illegal instruction",
+    "misaligned address",
+    "invalid program counter",
+    "hardware stack error",
+    "launch timed out",
+    "uncorrectable ecc error",
+    "device lost",
+    "gpu is lost",
+    "cuda driver error",
+)
+"""Lower-case fragments of the messages of CUDA errors that leave the context unusable."""
+
+_CHAIN_LIMIT = 8
+"""Causes followed from the raised exception; engines wrap device errors a level or two deep at most."""
+
+
+class StickyDeviceError(Exception):
+    """The device's context is broken (chained to the original error): the worker process must exit."""
+
+
+def is_sticky_device_error(exc: BaseException) -> bool:
+    """True when ``exc``, or an exception it was raised from, is a CUDA error that poisons the context.
+
+    Only `RuntimeError` is looked at (torch's `AcceleratorError` is one, and so are the CUDA errors of
+    older torch and of vLLM): a `ValueError` that quotes a record holding "illegal memory access"
+    must stay a bad record, not take the worker down.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < _CHAIN_LIMIT:
+        seen.add(id(current))
+        if isinstance(current, RuntimeError) and not _is_torch_out_of_memory(current):
+            message = str(current).lower()
+            if any(marker in message for marker in ERROR_MARKERS):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _is_torch_out_of_memory(exc: BaseException) -> bool:
+    # torch's OutOfMemoryError is a RuntimeError too, but smaller batches recover from it.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.OutOfMemoryError)

@@ -1,0 +1,148 @@
+"""Reconcile: the periodic sweep that makes every job reach an ending whatever was lost.
+
+Redis holds messages, results and leases only; the database and storage hold the truth. Each
+sweep, on the control queue:
+- expires jobs past their deadline (what finished is kept);
+- sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
+- sends shards again that are neither committed, nor held by a live attempt (lease), nor waiting
+  in the broker (their message was lost, e.g. Redis restarted empty);
+- merges running jobs whose shards have all finished but whose chord callback never came, and
+  resumes merges and cancellations whose worker died.
+Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
+harmless.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import asdict, dataclass
+
+from django.db.models import Q
+from django.utils import timezone
+
+from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.dispatch import job_redispatch
+from portal.jobs.services.merge import read_manifest, task_failure
+from portal.jobs.services.stop import job_expire
+from tasks.broker_probe import pending_task_ids
+from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S, gpu_queue
+from tasks.env import env_int
+from tasks.leases import job_lease_key, lease_holder, shard_lease_key
+
+logger = logging.getLogger(__name__)
+
+# A step untouched for this long, with no lease and no message, is presumed lost.
+STALE_AFTER_S = env_int("BATCHERY_RECONCILE_STALE_AFTER_S", 60, minimum=1)
+
+
+@dataclass
+class ReconcileReport:
+    expired: int = 0
+    planned: int = 0
+    resent_shards: int = 0
+    merged: int = 0
+    finalized: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _plan_task_id(job_id: str) -> str:
+    return f"plan-{job_id}"
+
+
+def _merge_task_id(job_id: str) -> str:
+    return f"merge-{job_id}"
+
+
+def _stale(job: Job, now: dt.datetime) -> bool:
+    return (now - job.updated_at).total_seconds() > STALE_AFTER_S
+
+
+def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
+    overdue = Job.objects.exclude(status__in=FINAL_STATUSES).filter(deadline_at__lte=now)
+    for job in overdue.exclude(status__in=[JobStatus.CANCELLING, JobStatus.MERGING]):
+        if job_expire(job=job):
+            report.expired += 1
+
+
+def _replan_stalled(now: dt.datetime, pending: set[str] | None, report: ReconcileReport) -> None:
+    from tasks.plan import plan_job
+
+    for job in Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.PLANNING]):
+        if not _stale(job, now) or lease_holder(job_lease_key("plan", str(job.id))) is not None:
+            continue
+        if pending is not None and _plan_task_id(str(job.id)) in pending:
+            continue
+        logger.warning("job %s stalled in %s; sending planning again", job.id, job.status)
+        plan_job.apply_async((str(job.id),), task_id=_plan_task_id(str(job.id)), queue=CONTROL_QUEUE)
+        report.planned += 1
+
+
+def _lost(shard: Shard, pending: set[str] | None, now: dt.datetime) -> bool:
+    if lease_holder(shard_lease_key(str(shard.job_id), shard.index)) is not None:
+        return False
+    if pending is not None:
+        if shard.task_id in pending:
+            return False
+        # A message sent a moment ago may not be visible yet.
+        return shard.dispatched_at is None or (now - shard.dispatched_at).total_seconds() > STALE_AFTER_S / 4
+    # Without a view into the broker, only a message older than the visibility timeout is lost.
+    return shard.dispatched_at is None or (now - shard.dispatched_at).total_seconds() > VISIBILITY_TIMEOUT_S
+
+
+def _sweep_running(now: dt.datetime, pending: set[str] | None, report: ReconcileReport) -> None:
+    from tasks.merge import merge_job
+
+    for job in Job.objects.select_related("model").filter(status=JobStatus.RUNNING):
+        shards = list(job.shards.exclude(status__in=[ShardStatus.SUCCEEDED, ShardStatus.FAILED]))
+        unfinished, lost = 0, []
+        for shard in shards:
+            if read_manifest(job, shard) is not None:
+                continue
+            failure = task_failure(shard)
+            if failure is not None and not failure.transient:
+                continue
+            unfinished += 1
+            if shard.status == ShardStatus.PENDING or failure is not None or _lost(shard, pending, now):
+                lost.append(shard)
+        if lost:
+            report.resent_shards += job_redispatch(
+                job_id=str(job.id), shards=lost, reason="no live attempt and no message in the broker"
+            )
+        elif unfinished == 0 and lease_holder(job_lease_key("merge", str(job.id))) is None:
+            # The chord's callback may be on its way; a second merge of the same job does nothing.
+            merge_job.apply_async((str(job.id),), task_id=_merge_task_id(str(job.id)), queue=CONTROL_QUEUE)
+            report.merged += 1
+
+
+def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
+    from tasks.merge import merge_job
+
+    stalled = Job.objects.filter(Q(status=JobStatus.MERGING) | Q(status=JobStatus.CANCELLING))
+    for job in stalled:
+        if not _stale(job, now) or lease_holder(job_lease_key("merge", str(job.id))) is not None:
+            continue
+        stop = "cancelled" if job.status == JobStatus.CANCELLING else None
+        if job.status == JobStatus.MERGING and job.deadline_at is not None and job.deadline_at <= now:
+            stop = "expired"
+        merge_job.apply_async((str(job.id),), {"stop": stop}, queue=CONTROL_QUEUE)
+        report.finalized += 1
+
+
+def jobs_reconcile() -> ReconcileReport:
+    now = timezone.now()
+    report = ReconcileReport()
+    running_queues = {
+        gpu_queue(job.model.gpu_class.name, job.model.gpus_per_replica)
+        for job in Job.objects.select_related("model__gpu_class").filter(status=JobStatus.RUNNING)
+    }
+    pending = pending_task_ids({CONTROL_QUEUE, *running_queues})
+    _expire_overdue(now, report)
+    _replan_stalled(now, pending, report)
+    _sweep_running(now, pending, report)
+    _resume_stalled_endings(now, report)
+    if any(asdict(report).values()):
+        logger.warning("reconcile: %s", report)
+    return report

@@ -1,0 +1,82 @@
+"""Stopping a job before it ends: cancel (a person asks) and expire (its deadline passed).
+
+Both raise the job's stop flag, so queued shards are skipped on arrival and running ones stop at
+their next micro-batch, then finalize at once: committed shards are kept, every other record gets
+an error line coded `cancelled` or `expired`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.jobs.models import Job, JobStatus, ShardStatus
+from portal.jobs.services.transitions import job_transition
+from tasks.config import CONTROL_QUEUE
+from tasks.stops import request_stop
+
+logger = logging.getLogger(__name__)
+
+
+class CannotStop(Exception):
+    """The job has already ended, or is ending."""
+
+
+def _revoke_unfinished(job: Job) -> None:
+    from tasks.app import app
+
+    task_ids = list(job.shards.filter(status=ShardStatus.DISPATCHED).values_list("task_id", flat=True))
+    if task_ids:
+        # Revoked ids are kept by every worker and discarded on arrival; the stop flag covers a
+        # worker that missed the broadcast.
+        app.control.revoke(task_ids)
+
+
+def _finalize(job_id: str, stop: str) -> None:
+    from tasks.merge import merge_job
+
+    transaction.on_commit(lambda: merge_job.apply_async((job_id,), {"stop": stop}, queue=CONTROL_QUEUE))
+
+
+def job_cancel(*, job: Job) -> Job:
+    """Cancel a job: at once if it has not started running, else within a micro-batch."""
+    job_id = str(job.id)
+    request_stop(job_id, "cancelled")
+    if job_transition(
+        job_id=job_id,
+        source=(JobStatus.QUEUED, JobStatus.PLANNING),
+        target=JobStatus.CANCELLED,
+        finished_at=timezone.now(),
+        error="cancelled before it ran",
+    ):
+        return Job.objects.get(pk=job_id)
+    with transaction.atomic():
+        if not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.CANCELLING):
+            job.refresh_from_db()
+            raise CannotStop(f"job {job_id} is {job.status}; only a queued, planning or running job can be cancelled")
+        _revoke_unfinished(job)
+        _finalize(job_id, "cancelled")
+    logger.info("job %s cancelling", job_id)
+    return Job.objects.get(pk=job_id)
+
+
+def job_expire(*, job: Job) -> bool:
+    """End a job past its deadline: `expired`, with what finished kept. True if this call did it."""
+    job_id = str(job.id)
+    request_stop(job_id, "expired")
+    if job_transition(
+        job_id=job_id,
+        source=(JobStatus.QUEUED, JobStatus.PLANNING),
+        target=JobStatus.EXPIRED,
+        finished_at=timezone.now(),
+        error="expired before it ran",
+    ):
+        return True
+    if job.status != JobStatus.RUNNING:
+        return False
+    _revoke_unfinished(job)
+    with transaction.atomic():
+        _finalize(job_id, "expired")
+    return True
