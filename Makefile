@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo up test lint typecheck bench clean
+.PHONY: install demo up test lint typecheck bench chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,7 @@ bench: install
 
 clean:
 	rm -rf var test-artifacts .pytest_cache .mypy_cache .ruff_cache
+
+# The chaos suite at full size; prints the table (also written to test-artifacts/chaos.md).
+chaos: install
+	CHAOS_SCALE=full $(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)

@@ -69,6 +69,7 @@ def run_records(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_out_of_memory_split: Callable[[int], None] | None = None,
+    propagate: tuple[type[BaseException], ...] = (),
 ) -> Iterator[RecordResult]:
     """Run ``(custom_id, input)`` items through ``engine`` in micro-batches; yield results in input order.
 
@@ -76,6 +77,8 @@ def run_records(
     with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
     the iterator ends, and cancelling is the caller's business. ``on_out_of_memory_split(records)``
     is called each time a batch of that many records ran out of memory and is split in halves.
+    Exceptions of the ``propagate`` types are not a record's fault (e.g. the task's soft time
+    limit): they end the run instead of being isolated.
 
     Raises `StickyDeviceError`, chained to the engine's error, when the device's context broke; the
     results yielded before it stand, the rest of the items are not run.
@@ -86,7 +89,9 @@ def run_records(
     for start in range(0, len(items), micro_batch_size):
         if should_stop is not None and should_stop():
             return
-        results = _run_micro_batch(engine, items[start : start + micro_batch_size], params, on_out_of_memory_split)
+        results = _run_micro_batch(
+            engine, items[start : start + micro_batch_size], params, on_out_of_memory_split, propagate
+        )
         yield from results
         done += len(results)
         errors += sum(result.error is not None for result in results)
@@ -99,8 +104,9 @@ def _run_micro_batch(
     items: Items,
     params: Mapping[str, Any],
     on_split: Callable[[int], None] | None,
+    propagate: tuple[type[BaseException], ...] = (),
 ) -> list[RecordResult]:
-    outcome = _attempt(engine, items, params)
+    outcome = _attempt(engine, items, params, propagate)
     if not isinstance(outcome, _Failure):
         return [
             RecordResult(custom_id, response, None) for (custom_id, _), response in zip(items, outcome, strict=True)
@@ -121,19 +127,23 @@ def _run_micro_batch(
         )
         if on_split is not None:
             on_split(len(items))
-        first_half = _run_micro_batch(engine, items[:middle], params, on_split)
-        return first_half + _run_micro_batch(engine, items[middle:], params, on_split)
+        first_half = _run_micro_batch(engine, items[:middle], params, on_split, propagate)
+        return first_half + _run_micro_batch(engine, items[middle:], params, on_split, propagate)
     logger.warning(
         "a micro-batch of %d records failed (%s); running it again record by record", len(items), outcome.message
     )
-    return [result for item in items for result in _run_micro_batch(engine, [item], params, on_split)]
+    return [result for item in items for result in _run_micro_batch(engine, [item], params, on_split, propagate)]
 
 
-def _attempt(engine: Engine, items: Items, params: Mapping[str, Any]) -> list[dict[str, Any]] | _Failure:
+def _attempt(
+    engine: Engine, items: Items, params: Mapping[str, Any], propagate: tuple[type[BaseException], ...] = ()
+) -> list[dict[str, Any]] | _Failure:
     # The exception is turned into a plain value before returning: its traceback holds the engine's
     # frames and, through them, the tensors of the failed batch, which must be gone before a retry.
     try:
         return _checked_run(engine, [value for _, value in items], params)
+    except propagate:
+        raise
     except Exception as exc:
         if is_sticky_device_error(exc):
             raise StickyDeviceError(f"the device's context is broken: {_describe(exc)}") from exc

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kombu import Exchange, Queue
 
-from tasks.env import env_int, env_str
+from tasks.env import ImproperlyConfiguredEnv, env_int, env_str
 
 CONTROL_QUEUE = "control"
 GPU_QUEUE_PREFIX = "gpu."
@@ -43,8 +43,13 @@ def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
 
 # The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis
 # hands an unacknowledged shard to a second worker while the first is still running it.
-SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=10)
-VISIBILITY_TIMEOUT_S = env_int("BATCHERY_VISIBILITY_TIMEOUT_S", SHARD_HARD_TIME_LIMIT_S + 600, minimum=60)
+SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=2)
+VISIBILITY_TIMEOUT_S = env_int("BATCHERY_VISIBILITY_TIMEOUT_S", SHARD_HARD_TIME_LIMIT_S + 600, minimum=3)
+if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
+    raise ImproperlyConfiguredEnv(
+        f"BATCHERY_VISIBILITY_TIMEOUT_S={VISIBILITY_TIMEOUT_S} must exceed the shard time limit "
+        f"({SHARD_HARD_TIME_LIMIT_S} s), or a running shard is handed to a second worker"
+    )
 RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
 
 

@@ -1,8 +1,8 @@
 """The shard task: runs on a GPU (or `cpu`) queue, touches no database, returns a manifest.
 
-Its message is acknowledged only after it ran. A worker that dies mid-shard, a hard time limit and
-a soft time limit all put the message back on the queue; the attempt count kept in storage bounds
-how often (see `tasks.shard_bisect`).
+Its message is acknowledged only after it ran. A worker that dies mid-shard and a soft time limit
+put the message back on the queue; a hard time limit records a failure that the merge sends again.
+The attempt count kept in storage bounds how often either happens (see `tasks.shard_bisect`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ STICKY_DEVICE_EXIT_CODE = 70
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
-    acks_on_timeout=False,
     autoretry_for=(TransientStorageError,),
     retry_backoff=True,
     retry_backoff_max=60,

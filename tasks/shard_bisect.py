@@ -106,6 +106,7 @@ def run_checkpointed(
     attempt_no: int,
     give_up_in_flight: bool,
     should_stop: Callable[[], bool],
+    propagate: tuple[type[BaseException], ...] = (),
 ) -> Iterator[bytes] | None:
     """Run what is left of the shard; return its output lines in order, or None if told to stop."""
     finished = _finished_ranges(store, prefix)
@@ -124,7 +125,9 @@ def run_checkpointed(
             return None
         with store.open_write(join_uri(prefix, "inflight.json")) as marker:
             marker.write(orjson.dumps({"start": span[0], "end": span[1]}))
-        results = run_records(engine, items[span[0] : span[1]], params=params, micro_batch_size=span[1] - span[0])
+        results = run_records(
+            engine, items[span[0] : span[1]], params=params, micro_batch_size=span[1] - span[0], propagate=propagate
+        )
         with store.open_write(_range_uri(prefix, span)) as output:
             for result in results:
                 output.write(_line(result))

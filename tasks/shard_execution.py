@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import orjson
+from celery.exceptions import SoftTimeLimitExceeded
 
 from gpuworkers.batching import RecordResult, run_records
 from gpuworkers.cache import process_cache
@@ -117,6 +118,7 @@ def _run_attempt(
             attempt_no=attempt_no,
             give_up_in_flight=attempt_no >= SHARD_MAX_ATTEMPTS,
             should_stop=stopped,
+            propagate=(SoftTimeLimitExceeded,),
         )
         lines = None if checkpointed is None else _from_lines(checkpointed)
     else:
@@ -127,6 +129,7 @@ def _run_attempt(
             micro_batch_size=chunk,
             on_progress=on_progress,
             should_stop=stopped,
+            propagate=(SoftTimeLimitExceeded,),
         )
         lines = _from_results(results)
     if lines is None:

@@ -150,3 +150,17 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return f"shard {self.index} of {self.job_id}"
+
+
+class JobEvent(models.Model):
+    """One status change of a job, written in the same transaction as the change: its timeline."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    status = models.CharField(max_length=20, choices=JobStatus.choices)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.status} at {self.at:%H:%M:%S}"

@@ -105,11 +105,14 @@ class Stack:
                     f"--port={options.flower_port}",
                 ],
             )
+        # The control worker also runs beat, which schedules the reconciler; run one beat per site.
+        schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
         self._spawn(
             "control",
             [
                 python, "-m", "celery", "--app", "tasks.app", "worker", "--queues", "control",
                 "--concurrency", "2", "--hostname", "control@%h", "--loglevel", options.loglevel,
+                "--beat", "--schedule", str(schedule),
             ],
         )  # fmt: skip
         launch = [python, "-m", "gpuworkers", "launch", "--loglevel", options.loglevel]

@@ -32,7 +32,9 @@ class WorkerProcess:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            # SIGTERM to the main process only is Celery's warm shutdown; sent to the whole group it
+            # would also kill the pool child in the middle of its task.
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -53,15 +55,23 @@ def database_url(settings_dict: dict[str, object]) -> str:
     return f"postgres://{user}@{host}:{port}/{name}"
 
 
-def start_worker(name: str, queue: str, *, env: dict[str, str], log_dir: Path, concurrency: int = 1) -> WorkerProcess:
+def start_worker(
+    name: str,
+    queue: str,
+    *,
+    env: dict[str, str],
+    log_dir: Path,
+    concurrency: int = 1,
+    extra_args: list[str] | None = None,
+) -> WorkerProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    log = log_path.open("wb")
+    log = log_path.open("ab")
     command = [
         sys.executable, "-m", "celery", "--app", "tasks.app", "worker",
         "--queues", queue, "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
         "--pool", "prefork", "--hostname", f"{name}@test", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra_args or []),
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return WorkerProcess(name=name, queue=queue, process=process, log_path=log_path, log=log)

@@ -6,6 +6,7 @@ tenant's quota row locked; creates the job; and enqueues planning once the trans
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -18,9 +19,10 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from portal.catalog.models import Model
-from portal.jobs.models import FINAL_STATUSES, Job
+from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.jobs.services.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Quota, Tenant
 from tasks.formats.jsonl import check_jsonl
@@ -85,8 +87,6 @@ def _check_input(input_uri: str, *, input_field: str) -> InputCheck:
         size = store.size(input_uri)
     except StorageError as exc:
         raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
-    if size == 0:
-        raise SubmissionError("the input is empty", field="input")
     if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
         return InputCheck(size=size, records=None)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
@@ -100,7 +100,7 @@ def _estimate_records(input_uri: str, size: int) -> int:
     with store_for(input_uri).open_read(input_uri) as stream:
         sample = stream.read(SAMPLE_BYTES)
     lines = max(sample.count(b"\n"), 1)
-    return max(1, round(size / (len(sample) / lines)))
+    return max(1, round(size / max(len(sample) / lines, 1)))
 
 
 def default_shard_size(records: int) -> int:
@@ -147,11 +147,15 @@ def job_submit(
     model_version: str | None = None,
     params: Mapping[str, Any] | None = None,
     shard_size: int | None = None,
+    deadline_seconds: float | None = None,
 ) -> Job:
+    """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines)."""
     model = _resolve_model(model_name, model_version)
     job_params = _check_params(params)
     if shard_size is not None and shard_size < 1:
         raise SubmissionError("shard_size must be a positive number of records", field="shard_size")
+    if deadline_seconds is not None and deadline_seconds <= 0:
+        raise SubmissionError("the deadline must be a positive number of seconds", field="deadline_seconds")
     uri = normalize_input_uri(input_uri)
     checked = _check_input(uri, input_field=input_field_for(model.task))
     records = checked.records if checked.records is not None else _estimate_records(uri, checked.size)
@@ -173,6 +177,8 @@ def job_submit(
             total_records=checked.records,
             output_uri=output_uri(job_id),
             errors_uri=errors_uri(job_id),
+            deadline_at=timezone.now() + dt.timedelta(seconds=deadline_seconds) if deadline_seconds else None,
         )
-        transaction.on_commit(lambda: plan_job.delay(job_id))
+        JobEvent.objects.create(job=job, status=JobStatus.QUEUED)
+        transaction.on_commit(lambda: plan_job.apply_async((job_id,), task_id=f"plan-{job_id}"))
     return job

@@ -10,9 +10,10 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
-from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
+from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,12 @@ def job_transition(*, job_id: str, source: str | Collection[str], target: str, *
     refused = [status for status in sources if not Job.can_transition(status, target)]
     if refused:
         raise ValueError(f"a job may not go from {', '.join(sorted(refused))} to {target}")
-    moved = Job.objects.filter(pk=job_id, status__in=sources).update(status=target, updated_at=timezone.now(), **fields)
+    with transaction.atomic():
+        moved = Job.objects.filter(pk=job_id, status__in=sources).update(
+            status=target, updated_at=timezone.now(), **fields
+        )
+        if moved:
+            JobEvent.objects.create(job_id=job_id, status=target)
     if not moved:
         current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
         logger.info("job %s not moved to %s: it is %s", job_id, target, current or "gone")

@@ -43,6 +43,7 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", default="default", help="tenant to submit as (created if missing)")
         parser.add_argument("--shard-size", type=int, default=None, help="records per shard")
         parser.add_argument("--params", default="{}", help="JSON object of run-time parameters")
+        parser.add_argument("--deadline", type=float, default=None, help="seconds until the job expires")
         parser.add_argument("--wait", action="store_true", help="show progress and wait until the job ends")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,6 +60,7 @@ class Command(BaseCommand):
                 input_uri=options["input"],
                 params=params,
                 shard_size=options["shard_size"],
+                deadline_seconds=options["deadline"],
             )
         except SubmissionError as exc:
             raise CommandError(exc.message) from None

@@ -1,0 +1,39 @@
+"""`manage.py job show|cancel|retry JOB_ID`: what operators do to one job from a shell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from portal.jobs.models import Job
+from portal.jobs.selectors import job_progress
+from portal.jobs.services.stop import CannotStop, job_cancel
+
+
+class Command(BaseCommand):
+    help = "Show, cancel or retry one job."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True)
+        for action, text in (("show", "print the job's state"), ("cancel", "cancel a queued or running job")):
+            actions.add_parser(action, help=text).add_argument("job_id")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            job = Job.objects.select_related("model", "tenant").get(pk=options["job_id"])
+        except (Job.DoesNotExist, ValidationError):
+            raise CommandError(f"no job {options['job_id']}") from None
+        if options["action"] == "cancel":
+            try:
+                job = job_cancel(job=job)
+            except CannotStop as exc:
+                raise CommandError(str(exc)) from None
+        progress = job_progress(job)
+        self.stdout.write(
+            f"job {job.id} {job.status}: {progress.done}/{progress.total if progress.total is not None else '?'} "
+            f"records done, {job.succeeded_records} succeeded, {job.failed_records} failed"
+        )
+        if job.error:
+            self.stdout.write(f"reason: {job.error}")

@@ -1,0 +1,277 @@
+"""The chaos suite: real jobs through a real stack while processes die, pause and lose messages.
+
+Every scenario ends with the same checker (`check_exactly_once`): output and errors together hold the input
+ids, each exactly once, in input order; one manifest per shard; one terminal transition.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from portal.jobs.models import Job
+from tests.chaos.conftest import scale
+from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(300)]
+
+
+def _texts(count: int, marker: dict[int, str] | None = None) -> list[str]:
+    marker = marker or {}
+    return [f"record {n} {marker.get(n, '')}".strip() for n in range(count)]
+
+
+def _wait_end(stack: ChaosStack, job_id: str, timeout_s: float = 180) -> Job:
+    def ended() -> Job | None:
+        job = Job.objects.get(pk=job_id)
+        return job if job.is_finished else None
+
+    job: Job = wait_for(ended, timeout_s=timeout_s, what=f"job {job_id} to end", stack=stack)
+    return job
+
+
+def _run(
+    stack: ChaosStack,
+    tmp_path: Path,
+    *,
+    scenario: str,
+    model: str,
+    texts: list[str],
+    shard_size: int,
+    report: Callable[[Any], None],
+    during: Callable[[str], None] | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[Job, Any]:
+    ids = write_records(tmp_path / f"{scenario}.jsonl", texts)
+    started = time.monotonic()
+    job_id = stack.submit(model=model, input_path=tmp_path / f"{scenario}.jsonl", shard_size=shard_size, extra=extra)
+    if during is not None:
+        during(job_id)
+    job = _wait_end(stack, job_id)
+    result = check_exactly_once(scenario, job, ids, time.monotonic() - started)
+    report(result)
+    return job, result
+
+
+def _shards_started(job_id: str, count: int) -> Callable[[], bool]:
+    def started() -> bool:
+        job = Job.objects.get(pk=job_id)
+        prefixes = [Path(s.prefix_uri.removeprefix("file://")) / "started" for s in job.shards.all()]
+        return sum(1 for p in prefixes if p.exists()) >= count
+
+    return started
+
+
+def test_a_worker_killed_mid_shard_loses_nothing(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo", sleep_per_record=0.02)
+
+    def kill_mid_shard(job_id: str) -> None:
+        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        for child in chaos_stack.pool_children("cpu0"):
+            os.kill(child.pid, signal.SIGKILL)
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="kill -9 a shard's worker", model="chaos-echo", texts=_texts(scale(200, 2000)),
+        shard_size=25, report=chaos_report, during=kill_mid_shard,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+
+
+def test_a_poison_record_is_isolated_with_bounded_attempts(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("poison", micro_batch_size=4)
+    count = scale(48, 400)
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="poison record (os.abort)", model="chaos-poison",
+        texts=_texts(count, {count // 3: "POISON"}), shard_size=16, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "partially_succeeded"
+    assert result.error_codes == {"poison_record": 1}
+    poisoned = next(s for s in job.shards.all() if s.failed_records)
+    started = Path(poisoned.prefix_uri.removeprefix("file://")) / "started"
+    # 2 plain attempts, then checkpointed ones: a range of 4 halves twice, then the record is given up.
+    assert len(list(started.iterdir())) <= 2 + 4
+
+
+def test_out_of_memory_above_a_size_splits_batches_and_labels_only_the_oversized_record(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("oom", oom_above_chars=60, micro_batch_size=8)
+    texts = _texts(scale(64, 640))
+    texts[5] = "x" * 100
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="CUDA-style OOM above a size", model="chaos-oom", texts=texts,
+        shard_size=16, report=chaos_report,
+    )  # fmt: skip
+    assert result.error_codes == {"out_of_memory": 1}
+    assert job.failed_records == 1
+
+
+def test_a_shard_that_hangs_is_killed_at_its_hard_limit_and_the_job_completes(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("hang", micro_batch_size=2, time_limit_base_s=3, time_limit_per_record_s=0)
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="hang in a blocking call", model="chaos-hang",
+        texts=_texts(12, {7: "HANG"}), shard_size=4, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "partially_succeeded"
+    assert result.error_codes == {"poison_record": 1}
+
+
+def test_a_shard_message_delivered_twice_is_merged_once(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo", sleep_per_record=0.01)
+
+    def republish(job_id: str) -> None:
+        wait_for(_shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
+        from portal.jobs.services.dispatch import shard_spec
+
+        job = Job.objects.select_related("model").get(pk=job_id)
+        shard = job.shards.order_by("index").first()
+        assert shard is not None
+        _publish(chaos_stack, "batchery.run_shard", [shard_spec(job, shard).to_dict()], "gpu.cpu", times=2)
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="shard message delivered twice", model="chaos-echo",
+        texts=_texts(scale(100, 1000)), shard_size=20, report=chaos_report, during=republish,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+
+
+def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo")
+
+    def drop_callback(job_id: str) -> None:
+        wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running")
+        chaos_stack.workers["control"].stop()
+        committed = _commits(job_id)
+        wait_for(lambda: committed() == Job.objects.get(pk=job_id).shard_count, timeout_s=60, what="all commits")
+        import redis
+
+        client = redis.Redis.from_url(chaos_stack.broker_url)
+        dropped = client.delete("control")
+        assert dropped == 1, "the chord callback was waiting in the control queue"
+        chaos_stack.start_control()
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="merge callback lost", model="chaos-echo", texts=_texts(scale(60, 600)),
+        shard_size=10, report=chaos_report, during=drop_callback,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+
+
+def test_redis_restarted_empty_mid_job_delays_the_job_but_loses_nothing(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo", sleep_per_record=0.02)
+
+    def restart_redis(job_id: str) -> None:
+        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        chaos_stack.restart_redis_empty()
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="Redis restarted empty", model="chaos-echo", texts=_texts(scale(200, 2000)),
+        shard_size=25, report=chaos_report, during=restart_redis,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+
+
+def test_a_deadline_expires_the_job_keeping_what_finished(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo", sleep_per_record=0.1)
+    deadline = scale(6, 30)
+    job, result = _run(
+        chaos_stack, tmp_path, scenario=f"{deadline}-second deadline, slow model", model="chaos-echo",
+        texts=_texts(deadline * 20), shard_size=10, report=chaos_report, extra=("--deadline", str(deadline)),
+    )  # fmt: skip
+    assert job.status == "expired"
+    assert set(result.error_codes) == {"expired"}
+    assert 0 < job.succeeded_records < result.records_in
+
+
+def test_cancel_mid_run_ends_the_job_within_seconds_and_starts_no_shard_after_it(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo", sleep_per_record=0.05)
+    moments: dict[str, float] = {}
+
+    def cancel(job_id: str) -> None:
+        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        moments["asked"] = time.time()
+        chaos_stack.manage("job", "cancel", job_id)
+        wait_for(lambda: Job.objects.get(pk=job_id).status == "cancelled", timeout_s=10, what="cancelled")
+        moments["ended"] = time.time()
+
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="cancel mid-run", model="chaos-echo", texts=_texts(scale(200, 1000)),
+        shard_size=10, report=chaos_report, during=cancel,
+    )  # fmt: skip
+    assert job.status == "cancelled"
+    assert moments["ended"] - moments["asked"] < 10
+    assert set(result.error_codes) == {"cancelled"}
+    time.sleep(2)
+    late = [
+        marker
+        for shard in job.shards.all()
+        for marker in (Path(shard.prefix_uri.removeprefix("file://")) / "started").glob("*")
+        if marker.stat().st_mtime > moments["ended"]
+    ]
+    assert late == [], "no shard attempt started after the job was cancelled"
+
+
+@pytest.mark.parametrize("records", [0, 1])
+def test_jobs_of_zero_and_one_record_complete(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path, records: int
+) -> None:
+    chaos_model("echo")
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario=f"job of {records} record{'s' if records != 1 else ''}", model="chaos-echo",
+        texts=_texts(records), shard_size=10, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+    assert job.shard_count == records
+
+
+def test_a_job_of_many_shards_completes(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("echo")
+    shards = scale(200, 2000)
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario=f"job of {shards} shards", model="chaos-echo", texts=_texts(shards),
+        shard_size=1, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+    assert job.shard_count == shards
+
+
+def _commits(job_id: str) -> Callable[[], int]:
+    def count() -> int:
+        job = Job.objects.get(pk=job_id)
+        return sum(1 for s in job.shards.all() if (Path(s.prefix_uri.removeprefix("file://")) / "commit.json").exists())
+
+    return count
+
+
+def _publish(stack: ChaosStack, task: str, args: list[Any], queue: str, *, times: int) -> None:
+    from kombu import Connection
+
+    from tasks.app import app
+
+    with Connection(stack.broker_url) as connection:
+        for _ in range(times):
+            app.send_task(task, args=args, queue=queue, connection=connection)
