@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -31,18 +32,32 @@ def _task_id(raw: bytes | str) -> str | None:
         return None
     if isinstance(payload, list):  # unacked entries are [message, exchange, routing_key]
         payload = payload[0] if payload else {}
-    headers = payload.get("headers") or {} if isinstance(payload, dict) else {}
+    if not isinstance(payload, dict):
+        return None
+    headers = payload.get("headers") or {}
     task_id = headers.get("id")
     return str(task_id) if task_id else None
 
 
-def pending_task_ids(queues: Iterable[str]) -> set[str] | None:
+@dataclass(frozen=True)
+class BrokerView:
+    queued: set[str]
+    """Task ids waiting in a queue."""
+    unacked: set[str]
+    """Task ids delivered to a worker and not yet acknowledged."""
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.queued or task_id in self.unacked
+
+
+def pending_task_ids(queues: Iterable[str]) -> BrokerView | None:
     """Task ids waiting in `queues` or delivered and not yet acknowledged; None if unknowable."""
     url = broker_url()
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
     found: set[str] = set()
+    unacked: set[str] = set()
     try:
         for queue in queues:
             for key in client.scan_iter(match=f"{queue}*", count=SCAN_CHUNK):
@@ -60,10 +75,10 @@ def pending_task_ids(queues: Iterable[str]) -> set[str] | None:
         for _, raw in client.hscan_iter("unacked", count=SCAN_CHUNK):
             task_id = _task_id(raw)
             if task_id:
-                found.add(task_id)
+                unacked.add(task_id)
     except redis.RedisError as exc:
         logger.warning("cannot read the broker's queues: %s", exc)
         return None
     finally:
         client.close()
-    return found
+    return BrokerView(queued=found, unacked=unacked)

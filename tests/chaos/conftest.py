@@ -40,13 +40,13 @@ def chaos_stack(transactional_db: None, tmp_path: Path, request: pytest.FixtureR
     try:
         stack.start_control()
         stack.start_shard_worker()
-        _wait_consuming(stack)
+        wait_consuming(stack)
         yield stack
     finally:
         stack.stop()
 
 
-def _wait_consuming(stack: ChaosStack, timeout_s: float = 60) -> None:
+def wait_consuming(stack: ChaosStack, timeout_s: float = 60) -> None:
     from celery import Celery
 
     expected = {worker.hostname for worker in stack.workers.values()}

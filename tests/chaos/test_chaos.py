@@ -6,6 +6,7 @@ ids, each exactly once, in input order; one manifest per shard; one terminal tra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from portal.jobs.models import Job
@@ -275,3 +277,54 @@ def _publish(stack: ChaosStack, task: str, args: list[Any], queue: str, *, times
     with Connection(stack.broker_url) as connection:
         for _ in range(times):
             app.send_task(task, args=args, queue=queue, connection=connection)
+
+
+def test_a_paused_worker_that_wakes_after_another_attempt_committed_changes_no_byte(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    import redis
+
+    from tests.chaos.conftest import wait_consuming
+
+    chaos_model("echo", sleep_per_record=0.05)
+    chaos_stack.start_shard_worker("cpu1")
+    wait_consuming(chaos_stack)
+    texts = _texts(scale(80, 400))
+    baseline, _ = _run(
+        chaos_stack, tmp_path, scenario="fault-free baseline", model="chaos-echo", texts=texts, shard_size=20,
+        report=lambda result: None,
+    )  # fmt: skip
+    client = redis.Redis.from_url(chaos_stack.broker_url)
+    paused: dict[str, Any] = {}
+
+    def pause_then_wake(job_id: str) -> None:
+        def held_by_cpu0() -> str | None:
+            for key in client.scan_iter(match=f"batchery:lease:shard:{job_id}:*"):
+                if (client.get(key) or b"").startswith(b"cpu0@"):
+                    return key.decode().rsplit(":", 1)[-1]
+            return None
+
+        index = wait_for(held_by_cpu0, timeout_s=60, what="cpu0 to hold a shard", stack=chaos_stack)
+        # The whole worker pauses, pool and master: a master left running would kill its paused
+        # child at the hard time limit, which is a different fault (see the hang scenario).
+        master = psutil.Process(chaos_stack.workers["cpu0"].process.pid)
+        paused["processes"] = [master, *master.children(recursive=True)]
+        for process in paused["processes"]:
+            process.send_signal(signal.SIGSTOP)
+        shard = Job.objects.get(pk=job_id).shards.get(index=int(index))
+        commit = Path(shard.prefix_uri.removeprefix("file://")) / "commit.json"
+        # Past the visibility timeout the broker hands the shard to cpu1, which commits it.
+        wait_for(commit.exists, timeout_s=90, what="another attempt to commit the paused shard", stack=chaos_stack)
+        paused["committed_by"] = json.loads(commit.read_text())["worker"]
+        for process in paused["processes"]:
+            process.send_signal(signal.SIGCONT)
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="worker paused past the visibility timeout", model="chaos-echo", texts=texts,
+        shard_size=20, report=chaos_report, during=pause_then_wake,
+    )  # fmt: skip
+    assert paused["committed_by"].startswith("cpu1@")
+    assert job.status == "succeeded"
+    assert Path(job.output_uri.removeprefix("file://")).read_bytes() == Path(
+        baseline.output_uri.removeprefix("file://")
+    ).read_bytes()

@@ -25,7 +25,7 @@ from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatu
 from portal.jobs.services.dispatch import job_redispatch
 from portal.jobs.services.merge import read_manifest, task_failure
 from portal.jobs.services.stop import job_expire
-from tasks.broker_probe import pending_task_ids
+from tasks.broker_probe import BrokerView, pending_task_ids
 from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S, gpu_queue
 from tasks.env import env_int
 from tasks.leases import job_lease_key, lease_holder, shard_lease_key
@@ -67,7 +67,7 @@ def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
             report.expired += 1
 
 
-def _replan_stalled(now: dt.datetime, pending: set[str] | None, report: ReconcileReport) -> None:
+def _replan_stalled(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
     from tasks.plan import plan_job
 
     for job in Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.PLANNING]):
@@ -80,19 +80,21 @@ def _replan_stalled(now: dt.datetime, pending: set[str] | None, report: Reconcil
         report.planned += 1
 
 
-def _lost(shard: Shard, pending: set[str] | None, now: dt.datetime) -> bool:
+def _lost(shard: Shard, pending: BrokerView | None, now: dt.datetime) -> bool:
+    """No live attempt holds the shard and its message is gone, or is stuck with a worker that
+    stopped renewing its lease (dead or paused) for longer than the visibility timeout."""
     if lease_holder(shard_lease_key(str(shard.job_id), shard.index)) is not None:
         return False
-    if pending is not None:
-        if shard.task_id in pending:
-            return False
-        # A message sent a moment ago may not be visible yet.
-        return shard.dispatched_at is None or (now - shard.dispatched_at).total_seconds() > STALE_AFTER_S / 4
-    # Without a view into the broker, only a message older than the visibility timeout is lost.
-    return shard.dispatched_at is None or (now - shard.dispatched_at).total_seconds() > VISIBILITY_TIMEOUT_S
+    age = (now - shard.dispatched_at).total_seconds() if shard.dispatched_at else float("inf")
+    if pending is None or shard.task_id in pending.unacked:
+        # The broker gives such a message back only after the visibility timeout (and kombu checks
+        # rarely); sending it again sooner could run a shard twice while its worker still lives.
+        return age > VISIBILITY_TIMEOUT_S
+    # A message sent a moment ago may not be visible yet.
+    return shard.task_id not in pending.queued and age > STALE_AFTER_S / 4
 
 
-def _sweep_running(now: dt.datetime, pending: set[str] | None, report: ReconcileReport) -> None:
+def _sweep_running(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
     from tasks.merge import merge_job
 
     for job in Job.objects.select_related("model").filter(status=JobStatus.RUNNING):
