@@ -19,7 +19,7 @@ import pytest
 
 from portal.jobs.models import Job
 from tests.chaos.conftest import scale
-from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records
+from tests.support.chaos import ChaosStack, check_exactly_once, read_jsonl, wait_for, write_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -325,6 +325,40 @@ def test_a_paused_worker_that_wakes_after_another_attempt_committed_changes_no_b
     )  # fmt: skip
     assert paused["committed_by"].startswith("cpu1@")
     assert job.status == "succeeded"
-    assert Path(job.output_uri.removeprefix("file://")).read_bytes() == Path(
-        baseline.output_uri.removeprefix("file://")
-    ).read_bytes()
+    assert (
+        Path(job.output_uri.removeprefix("file://")).read_bytes()
+        == Path(baseline.output_uri.removeprefix("file://")).read_bytes()
+    )
+
+
+def test_retry_reruns_only_the_failed_records_into_the_same_output(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    fixed = tmp_path / "dependency-is-back"
+    chaos_model("flaky", fixed_when_exists=str(fixed))
+    count = scale(60, 600)
+    flaky = {n: "FLAKY" for n in range(3, count, 7)}
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="first run, flaky dependency down", model="chaos-flaky",
+        texts=_texts(count, flaky), shard_size=10, report=lambda result: None,
+    )  # fmt: skip
+    assert job.status == "partially_succeeded"
+    assert result.errors == len(flaky)
+    first_output = read_jsonl(job.output_uri)
+
+    fixed.touch()
+    started = time.monotonic()
+    chaos_stack.manage("job", "retry", str(job.id))
+    job = _wait_end(chaos_stack, str(job.id))
+    retried = check_exactly_once(
+        "retry failed only", job, [f"rec-{n:06d}" for n in range(count)], time.monotonic() - started
+    )
+    chaos_report(retried)
+    assert job.status == "succeeded"
+    assert job.retry_round == 1
+    assert sum(job.shards.filter(round=1).values_list("record_count", flat=True)) == len(flaky)
+    output = read_jsonl(job.output_uri)
+    assert [line for n, line in enumerate(output) if n not in flaky] == [
+        line for n, line in enumerate(first_output) if n not in flaky
+    ]
+    assert all("response" in output[n] for n in flaky)

@@ -22,6 +22,9 @@ POISON_MARKER = "POISON"
 HANG_MARKER = "HANG"
 """A record holding it makes `hang_factory`'s model block forever."""
 
+FLAKY_MARKER = "FLAKY"
+"""A record holding it makes `flaky_factory`'s model fail until its ``fixed_when_exists`` file exists."""
+
 STICKY_MARKER = "STICKY"
 """A record holding it makes `sticky_factory`'s model raise a CUDA illegal-memory-access error."""
 
@@ -102,6 +105,16 @@ class StickyModel(EchoModel):
             raise RuntimeError(STICKY_MESSAGE)
 
 
+class FlakyModel(EchoModel):
+    """Fails records holding `FLAKY_MARKER` until the file named by the ``fixed_when_exists`` param
+    exists: a fault that a later retry no longer meets."""
+
+    def check(self, texts: list[str], params: Mapping[str, Any]) -> None:
+        fixed = params.get("fixed_when_exists")
+        if any(FLAKY_MARKER in text for text in texts) and not (fixed and os.path.exists(fixed)):
+            raise RuntimeError("the flaky dependency is down")
+
+
 def echo_factory(*, spec: Any, device: str) -> EchoModel:
     return EchoModel(device=device)
 
@@ -120,6 +133,10 @@ def hang_factory(*, spec: Any, device: str) -> HangModel:
 
 def sticky_factory(*, spec: Any, device: str) -> StickyModel:
     return StickyModel(device=device)
+
+
+def flaky_factory(*, spec: Any, device: str) -> FlakyModel:
+    return FlakyModel(device=device)
 
 
 def out_of_memory_error(message: str) -> Exception:

@@ -108,14 +108,9 @@ def _copy(uri: str, target: BinaryIO) -> None:
 
 
 def _write_unfinished_shard(outcome: ShardOutcome, output: BinaryIO, errors: BinaryIO) -> None:
-    error = {"code": outcome.code, "message": outcome.failure}
-    with store_for(outcome.shard.input_uri).open_read(outcome.shard.input_uri) as source:
-        for raw in source:
-            line = orjson.dumps(
-                {"custom_id": orjson.loads(raw)["custom_id"], "error": error}, option=orjson.OPT_APPEND_NEWLINE
-            )
-            output.write(line)
-            errors.write(line)
+    for _, line in _unfinished_lines(outcome):
+        output.write(line)
+        errors.write(line)
 
 
 def _stitch(job: Job, outcomes: list[ShardOutcome]) -> None:
@@ -127,6 +122,56 @@ def _stitch(job: Job, outcomes: list[ShardOutcome]) -> None:
                 continue
             _copy(outcome.manifest.output_uri, output)
             _copy(outcome.manifest.errors_uri, errors)
+
+
+def _unfinished_lines(outcome: ShardOutcome) -> list[tuple[str, bytes]]:
+    error = {"code": outcome.code, "message": outcome.failure}
+    with store_for(outcome.shard.input_uri).open_read(outcome.shard.input_uri) as source:
+        ids = [orjson.loads(raw)["custom_id"] for raw in source]
+    return [
+        (custom_id, orjson.dumps({"custom_id": custom_id, "error": error}, option=orjson.OPT_APPEND_NEWLINE))
+        for custom_id in ids
+    ]
+
+
+def _replacements(outcomes: list[ShardOutcome]) -> dict[str, bytes]:
+    """The new line of every record a retry round ran (bounded by the records retried)."""
+    lines: dict[str, bytes] = {}
+    for outcome in outcomes:
+        if outcome.manifest is None:
+            lines.update(_unfinished_lines(outcome))
+            continue
+        with store_for(outcome.manifest.output_uri).open_read(outcome.manifest.output_uri) as source:
+            for raw in source:
+                lines[orjson.loads(raw)["custom_id"]] = raw
+    return lines
+
+
+def _stitch_retry(job: Job, outcomes: list[ShardOutcome]) -> tuple[int, int]:
+    """Put a retry round's lines in place of the error lines they replace; return the new counts."""
+    replacements = _replacements(outcomes)
+    store = store_for(job.output_uri)
+    succeeded = failed = 0
+    # The new output is written beside the old one and replaces it whole when complete.
+    with (
+        store.open_read(job.output_uri) as previous,
+        store.open_write(job.output_uri) as output,
+        store.open_write(job.errors_uri) as errors,
+    ):
+        for raw in previous:
+            record = orjson.loads(raw)
+            line = replacements.get(record["custom_id"])
+            if line is not None:
+                record = orjson.loads(line)
+            else:
+                line = raw
+            output.write(line)
+            if "error" in record:
+                errors.write(line)
+                failed += 1
+            else:
+                succeeded += 1
+    return succeeded, failed
 
 
 def _ending(succeeded: int, failed: int) -> str:
@@ -195,7 +240,7 @@ def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -
 
 def _merge(job: Job, *, stop: str | None) -> None:
     job_id = str(job.id)
-    shards = list(job.shards.order_by("index"))
+    shards = list(job.shards.filter(round=job.retry_round).order_by("index"))
     try:
         outcomes = _stopped_outcomes(job, shards, stop) if stop else _outcomes_when_finished(job, shards)
     except ValueError as exc:
@@ -212,10 +257,12 @@ def _merge(job: Job, *, stop: str | None) -> None:
 
     for outcome in outcomes:
         _record_outcome(outcome)
-    _stitch(job, outcomes)
-
-    succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
-    failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
+    if job.retry_round:
+        succeeded, failed = _stitch_retry(job, outcomes)
+    else:
+        _stitch(job, outcomes)
+        succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
+        failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
     ending: str
     if stop:
         ending, source = STOP_ENDINGS[stop], (JobStatus.CANCELLING if stop == "cancelled" else JobStatus.MERGING)

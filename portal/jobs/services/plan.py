@@ -38,9 +38,10 @@ class PlannedShard:
 class ShardWriter:
     """Writes records into consecutive shard inputs of `shard_size` records each."""
 
-    def __init__(self, job_id: str, shard_size: int) -> None:
+    def __init__(self, job_id: str, shard_size: int, *, first_index: int = 0) -> None:
         self._job_id = job_id
         self._shard_size = shard_size
+        self._first_index = first_index
         self._stack = ExitStack()
         self._handle: BinaryIO | None = None
         self._count = 0
@@ -56,7 +57,7 @@ class ShardWriter:
 
     def _rotate(self) -> None:
         self._finish_current()
-        index = len(self.shards)
+        index = self._first_index + len(self.shards)
         uri = shard_input_uri(self._job_id, index)
         self._handle = self._stack.enter_context(store_for(uri).open_write(uri))
         self.shards.append(PlannedShard(index=index, first_record=self._written, record_count=0, input_uri=uri))

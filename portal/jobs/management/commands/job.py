@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.jobs.models import Job
 from portal.jobs.selectors import job_progress
+from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 
 
@@ -17,7 +18,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
-        for action, text in (("show", "print the job's state"), ("cancel", "cancel a queued or running job")):
+        for action, text in (
+            ("show", "print the job's state"),
+            ("cancel", "cancel a queued or running job"),
+            ("retry", "run a finished job's failed records again, into the same output"),
+        ):
             actions.add_parser(action, help=text).add_argument("job_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -25,11 +30,13 @@ class Command(BaseCommand):
             job = Job.objects.select_related("model", "tenant").get(pk=options["job_id"])
         except (Job.DoesNotExist, ValidationError):
             raise CommandError(f"no job {options['job_id']}") from None
-        if options["action"] == "cancel":
-            try:
+        try:
+            if options["action"] == "cancel":
                 job = job_cancel(job=job)
-            except CannotStop as exc:
-                raise CommandError(str(exc)) from None
+            elif options["action"] == "retry":
+                job = job_retry(job=job)
+        except (CannotStop, CannotRetry) as exc:
+            raise CommandError(str(exc)) from None
         progress = job_progress(job)
         self.stdout.write(
             f"job {job.id} {job.status}: {progress.done}/{progress.total if progress.total is not None else '?'} "

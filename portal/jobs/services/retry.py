@@ -1,0 +1,79 @@
+"""Retry failed only: re-run the records of a finished job that ended as errors, as a new round.
+
+The failed ids are read from the job's error file, their records picked out of the last round's
+shard inputs (in input order), cut into new shards of the next round and dispatched. The merge of
+that round puts each new line in place of the error line it replaces, in the same output file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from django.db import transaction
+from django.db.models import Max
+
+from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
+from portal.jobs.services.plan import ShardWriter
+from portal.jobs.services.storage_layout import shard_prefix
+from portal.jobs.services.transitions import job_transition
+from tasks.formats.records import Record
+from tasks.stops import clear_stop
+from tasks.storage import store_for
+
+logger = logging.getLogger(__name__)
+
+
+class CannotRetry(Exception):
+    """The job is not in an ending that has failed records to run again."""
+
+
+def _failed_ids(job: Job) -> set[str]:
+    with store_for(job.errors_uri).open_read(job.errors_uri) as errors:
+        return {orjson.loads(line)["custom_id"] for line in errors}
+
+
+def job_retry(*, job: Job) -> Job:
+    if job.status not in RETRYABLE_STATUSES or not job.shard_count:
+        raise CannotRetry(f"job {job.id} is {job.status}; only a partially succeeded, failed or expired job retries")
+    failed = _failed_ids(job)
+    if not failed:
+        raise CannotRetry(f"job {job.id} has no failed records")
+    job_id = str(job.id)
+    round_ = job.retry_round + 1
+    writer = ShardWriter(job_id, job.shard_size, first_index=(job.shards.aggregate(last=Max("index"))["last"] or 0) + 1)
+    try:
+        for shard in job.shards.filter(round=job.retry_round).order_by("index"):
+            with store_for(shard.input_uri).open_read(shard.input_uri) as source:
+                for raw in source:
+                    data = orjson.loads(raw)
+                    if data["custom_id"] in failed:
+                        writer.add(Record(line=0, custom_id=data["custom_id"], data=data))
+    except BaseException:
+        writer.abort()
+        raise
+    planned = writer.close()
+    clear_stop(job_id)
+    with transaction.atomic():
+        moved = job_transition(
+            job_id=job_id, source=job.status, target=JobStatus.RUNNING, retry_round=round_, error="", finished_at=None
+        )
+        if not moved:
+            raise CannotRetry(f"job {job_id} changed while being retried")
+        Shard.objects.bulk_create(
+            Shard(
+                job_id=job_id,
+                index=shard.index,
+                round=round_,
+                first_record=shard.first_record,
+                record_count=shard.record_count,
+                input_uri=shard.input_uri,
+                prefix_uri=shard_prefix(job_id, shard.index),
+            )
+            for shard in planned
+        )
+        from portal.jobs.services.dispatch import job_dispatch
+
+        transaction.on_commit(lambda: job_dispatch(job_id=job_id))
+    logger.info("job %s: retrying %d failed records in %d shards (round %d)", job_id, len(failed), len(planned), round_)
+    return Job.objects.get(pk=job_id)
