@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from celery import Task
+from django.db import InterfaceError, OperationalError
 
 logger = logging.getLogger("batchery.control")
 
@@ -27,6 +28,11 @@ def ensure_django() -> None:
 class ControlTask(Task):
     acks_late = True
     reject_on_worker_lost = True
+    # A database that is restarting comes back: wait for it rather than fail the job.
+    autoretry_for = (OperationalError, InterfaceError)
+    retry_backoff = 2
+    retry_backoff_max = 60
+    max_retries = 30
     #: Statuses from which a failure of this task fails the job; others are left to their owner.
     fails_job_from: frozenset[str] = frozenset()
 
