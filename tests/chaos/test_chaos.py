@@ -362,3 +362,17 @@ def test_retry_reruns_only_the_failed_records_into_the_same_output(
         line for n, line in enumerate(first_output) if n not in flaky
     ]
     assert all("response" in output[n] for n in flaky)
+
+
+def test_a_sticky_device_error_replaces_the_worker_process_and_the_record_ends_as_poison(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    chaos_model("sticky", micro_batch_size=4)
+    pids_before = {child.pid for child in chaos_stack.pool_children("cpu0")}
+    job, result = _run(
+        chaos_stack, tmp_path, scenario="sticky CUDA error", model="chaos-sticky",
+        texts=_texts(32, {9: "STICKY"}), shard_size=8, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "partially_succeeded"
+    assert result.error_codes == {"poison_record": 1}
+    assert not pids_before & {child.pid for child in chaos_stack.pool_children("cpu0")}, "a fresh process took over"
