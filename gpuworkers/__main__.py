@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("--gpu-class", default=None, help="override the class derived from the device")
     launch.add_argument("--cpu-slots", type=int, default=None, help="slots where there is no GPU (default: cores)")
     launch.add_argument("--app", default="tasks.app", help="the Celery app the workers load")
+    launch.add_argument(
+        "--preload", nargs="*", default=[], metavar="MODEL", help="models (name or name@version) each slot loads first"
+    )
     launch.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
 
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return Launcher(slots, app=args.app, loglevel=args.loglevel).run()
+    return Launcher(slots, app=args.app, loglevel=args.loglevel, preload=args.preload).run()
 
 
 if __name__ == "__main__":

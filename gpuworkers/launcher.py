@@ -50,8 +50,11 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
     ]
 
 
-def worker_env(slot: Slot, base: dict[str, str]) -> dict[str, str]:
+def worker_env(slot: Slot, base: dict[str, str], *, preload: list[str] | None = None) -> dict[str, str]:
     env = dict(base)
+    if preload:
+        # Read by `tasks.preload` when the slot's process starts; a model that fails stops the slot.
+        env["BATCHERY_PRELOAD"] = ",".join(preload)
     env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
     env["BATCHERY_SLOT"] = str(slot.index)
     env["BATCHERY_GPU_CLASS"] = slot.gpu_class
@@ -73,8 +76,11 @@ class Child:
 
 
 class Launcher:
-    def __init__(self, slots: list[Slot], *, app: str = "tasks.app", loglevel: str = "INFO") -> None:
+    def __init__(
+        self, slots: list[Slot], *, app: str = "tasks.app", loglevel: str = "INFO", preload: list[str] | None = None
+    ) -> None:
         self.slots = slots
+        self.preload = preload or []
         self.app = app
         self.loglevel = loglevel
         self.hostname = socket.gethostname()
@@ -84,7 +90,7 @@ class Launcher:
 
     def _start(self, child: Child) -> None:
         command = worker_command(child.slot, app=self.app, hostname=self.hostname, loglevel=self.loglevel)
-        child.process = subprocess.Popen(command, env=worker_env(child.slot, dict(os.environ)))
+        child.process = subprocess.Popen(command, env=worker_env(child.slot, dict(os.environ), preload=self.preload))
         child.started_at = time.monotonic()
         logger.info(
             "slot %d (%s, CUDA_VISIBLE_DEVICES=%r) started as pid %d on %s",

@@ -11,10 +11,11 @@ from typing import Any
 
 import dj_database_url
 
+from tasks.config import storage_url, var_dir
 from tasks.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("BATCHERY_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = var_dir()
 
 DEBUG = env_bool("DEBUG", default=False)
 SECRET_KEY = env_str("SECRET_KEY", "insecure-local-development-key-change-me")
@@ -113,7 +114,7 @@ LOGGING = {
 }
 
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
-BATCHERY_STORAGE_URL = env_str("BATCHERY_STORAGE_URL", (VAR_DIR / "storage").as_uri())
+BATCHERY_STORAGE_URL = storage_url()
 # Inputs up to this size are checked line by line at submission, so a bad file is refused before a
 # job exists; larger ones are checked by the planner, which fails the job naming the lines.
 BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 256 * 1024 * 1024, minimum=0)

@@ -6,14 +6,27 @@ so reliability settings (visibility timeout, acks, prefetch) are identical every
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kombu import Exchange, Queue
 
 from tasks.env import ImproperlyConfiguredEnv, env_int, env_str
 
+REPO_DIR = Path(__file__).resolve().parent.parent
 CONTROL_QUEUE = "control"
 GPU_QUEUE_PREFIX = "gpu."
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+
+
+def var_dir() -> Path:
+    """Local state of a machine with nothing configured: SQLite file, embedded Redis, storage."""
+    return Path(env_str("BATCHERY_VAR_DIR", str(REPO_DIR / "var")))
+
+
+def storage_url() -> str:
+    """Batchery's own storage: shard inputs, attempts, outputs and the published catalog."""
+    return env_str("BATCHERY_STORAGE_URL", (var_dir() / "storage").as_uri())
 
 
 def broker_url() -> str:
@@ -77,7 +90,6 @@ def celery_settings() -> dict[str, object]:
         # with REMAP_SIGTERM=SIGQUIT where an orchestrator allows only a short grace) first gives
         # running shards this long, then stops them; acks_late puts their messages back.
         "worker_soft_shutdown_timeout": float(SOFT_SHUTDOWN_S),
-        "worker_enable_soft_shutdown_on_idle": True,
         "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
         "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),
         "task_track_started": True,

@@ -83,9 +83,8 @@ class Stack:
         self.env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         python = sys.executable
         options = self.options
-        subprocess.run(
-            [python, "manage.py", "migrate", "--no-input", "-v", "0"], env=self.env, cwd=BASE_DIR, check=True
-        )
+        for command in (["migrate", "--no-input", "-v", "0"], ["catalog", "publish"]):
+            subprocess.run([python, "manage.py", *command], env=self.env, cwd=BASE_DIR, check=True)
         if options.portal:
             self._spawn(
                 "portal",

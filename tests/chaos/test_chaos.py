@@ -19,6 +19,7 @@ import pytest
 
 from portal.jobs.models import Job
 from tests.chaos.conftest import scale
+from tests.factories import ModelFactory
 from tests.support.chaos import ChaosStack, check_exactly_once, read_jsonl, wait_for, write_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -376,3 +377,32 @@ def test_a_sticky_device_error_replaces_the_worker_process_and_the_record_ends_a
     assert job.status == "partially_succeeded"
     assert result.error_codes == {"poison_record": 1}
     assert not pids_before & {child.pid for child in chaos_stack.pool_children("cpu0")}, "a fresh process took over"
+
+
+def test_a_model_that_will_not_load_fails_the_slot_start_not_the_shards(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    from portal.catalog.services import catalog_publish
+    from tests.chaos.conftest import wait_consuming
+
+    chaos_model("echo")
+    ModelFactory(
+        name="chaos-unloadable", engine="python", task="classify", is_default=False,
+        source="tests.support.chaos_engines:no_such_factory",
+    )  # fmt: skip
+    catalog_publish()
+    chaos_stack.workers.pop("cpu0").stop()
+    broken = chaos_stack.start_shard_worker("cpu-broken", preload="chaos-unloadable")
+    wait_for(lambda: broken.process.poll() is not None, timeout_s=60, what="the broken slot to stop", stack=chaos_stack)
+    assert "cannot preload model chaos-unloadable" in broken.log_path.read_text()
+    del chaos_stack.workers["cpu-broken"]
+
+    healthy = chaos_stack.start_shard_worker("cpu-preloaded", preload="chaos-echo")
+    wait_consuming(chaos_stack)
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="unloadable model on one slot", model="chaos-echo", texts=_texts(40),
+        shard_size=10, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+    assert all(shard.cache_hit for shard in job.shards.all()), "the healthy slot had the model loaded before work"
+    assert healthy.process.poll() is None

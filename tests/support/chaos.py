@@ -68,8 +68,9 @@ class ChaosStack:
         self.workers["control"] = worker
         return worker
 
-    def start_shard_worker(self, name: str = "cpu0") -> WorkerProcess:
-        worker = start_worker(name, "gpu.cpu", env={**self.env, "CUDA_VISIBLE_DEVICES": ""}, log_dir=self.log_dir)
+    def start_shard_worker(self, name: str = "cpu0", *, preload: str = "") -> WorkerProcess:
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": "", "BATCHERY_PRELOAD": preload}
+        worker = start_worker(name, "gpu.cpu", env=env, log_dir=self.log_dir)
         self.workers[name] = worker
         return worker
 

@@ -7,7 +7,8 @@ sweep, on the control queue:
 - sends shards again that are neither committed, nor held by a live attempt (lease), nor waiting
   in the broker (their message was lost, e.g. Redis restarted empty);
 - merges running jobs whose shards have all finished but whose chord callback never came, and
-  resumes merges and cancellations whose worker died.
+  resumes merges and cancellations whose worker died;
+- publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them.
 Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
 harmless.
 """
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.catalog.services import catalog_publish
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import job_redispatch
 from portal.jobs.services.merge import read_manifest, task_failure
@@ -145,6 +147,7 @@ def jobs_reconcile() -> ReconcileReport:
     _replan_stalled(now, pending, report)
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)
+    catalog_publish()
     if any(asdict(report).values()):
         logger.warning("reconcile: %s", report)
     return report
