@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.env import ImproperlyConfiguredEnv, env_int, env_str
+from tasks.env import ImproperlyConfiguredEnv, env_int, env_list, env_str
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONTROL_QUEUE = "control"
@@ -46,6 +46,11 @@ def progress_redis_url() -> str:
         if url.startswith(("redis://", "rediss://", "unix://")):
             return url
     return DEFAULT_BROKER_URL
+
+
+def declared_queues() -> list[str]:
+    """The control queue and the GPU queues this site runs (`BATCHERY_GPU_QUEUES`, default gpu.cpu)."""
+    return [CONTROL_QUEUE, *env_list("BATCHERY_GPU_QUEUES", [f"{GPU_QUEUE_PREFIX}cpu"])]
 
 
 def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
@@ -96,8 +101,8 @@ def celery_settings() -> dict[str, object]:
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "task_default_queue": CONTROL_QUEUE,
-        "task_queues": (Queue(CONTROL_QUEUE, Exchange(CONTROL_QUEUE), routing_key=CONTROL_QUEUE),),
-        # GPU queues are named per class and size; they are created when first routed to.
+        "task_queues": tuple(Queue(name, Exchange(name), routing_key=name) for name in declared_queues()),
+        # Queues of GPU classes not listed in BATCHERY_GPU_QUEUES are created when first routed to.
         "task_create_missing_queues": True,
         "task_routes": {
             "batchery.plan_job": {"queue": CONTROL_QUEUE},

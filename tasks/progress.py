@@ -48,10 +48,3 @@ def read_job_progress(job_id: str) -> Progress:
         done += int(shard_done)
         failed += int(shard_failed)
     return Progress(done=done, failed=failed)
-
-
-def clear_job_progress(job_id: str) -> None:
-    try:
-        _client().delete(_key(job_id))
-    except redis.RedisError:
-        return

@@ -100,14 +100,6 @@ class Job(models.Model):
     def is_finished(self) -> bool:
         return self.status in FINAL_STATUSES
 
-    @property
-    def duration_seconds(self) -> float | None:
-        if self.started_at is None:
-            return None
-        if self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
-
 
 class ShardStatus(models.TextChoices):
     PENDING = "pending"

@@ -9,7 +9,6 @@ exactly once, in input order; one manifest per shard; one terminal transition.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -183,7 +182,3 @@ def wait_for(predicate: Any, *, timeout_s: float, what: str, stack: ChaosStack |
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{stack.logs() if stack else ''}")
-
-
-def kill_tree(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
