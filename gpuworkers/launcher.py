@@ -56,6 +56,9 @@ def worker_env(slot: Slot, base: dict[str, str], *, preload: list[str] | None = 
         # Read by `tasks.preload` when the slot's process starts; a model that fails stops the slot.
         env["BATCHERY_PRELOAD"] = ",".join(preload)
     env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
+    # SIGTERM becomes Celery's soft shutdown: the running shard gets BATCHERY_SOFT_SHUTDOWN_S to
+    # finish, then its message goes back to the queue, so a drain is bounded.
+    env.setdefault("REMAP_SIGTERM", "SIGQUIT")
     env["BATCHERY_SLOT"] = str(slot.index)
     env["BATCHERY_GPU_CLASS"] = slot.gpu_class
     if slot.torch_threads:

@@ -68,7 +68,10 @@ if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
         f"BATCHERY_VISIBILITY_TIMEOUT_S={VISIBILITY_TIMEOUT_S} must exceed the shard time limit "
         f"({SHARD_HARD_TIME_LIMIT_S} s), or a running shard is handed to a second worker"
     )
-SOFT_SHUTDOWN_S = env_int("BATCHERY_SOFT_SHUTDOWN_S", 25, minimum=0)
+# On SIGTERM a slot's worker (the launcher remaps it to Celery's soft shutdown) lets its running
+# shard go on this long, then stops it; the message goes back to the queue. By default a shard may
+# finish; an orchestrator with a short grace period sets it shorter.
+SOFT_SHUTDOWN_S = env_int("BATCHERY_SOFT_SHUTDOWN_S", SHARD_HARD_TIME_LIMIT_S, minimum=0)
 RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
 
 
@@ -91,9 +94,8 @@ def celery_settings() -> dict[str, object]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # SIGTERM is a warm shutdown (running shards finish). A cold shutdown (SIGQUIT, or SIGTERM
-        # with REMAP_SIGTERM=SIGQUIT where an orchestrator allows only a short grace) first gives
-        # running shards this long, then stops them; acks_late puts their messages back.
+        # A cold shutdown (SIGQUIT; SIGTERM for slots, see the launcher) first gives running tasks
+        # this long, then stops them; acks_late puts their messages back.
         "worker_soft_shutdown_timeout": float(SOFT_SHUTDOWN_S),
         "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
         "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),

@@ -406,3 +406,34 @@ def test_a_model_that_will_not_load_fails_the_slot_start_not_the_shards(
     assert job.status == "succeeded"
     assert all(shard.cache_hit for shard in job.shards.all()), "the healthy slot had the model loaded before work"
     assert healthy.process.poll() is None
+
+
+def test_sigterm_gives_the_running_shard_its_soft_shutdown_time_then_the_shard_runs_elsewhere(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    from tests.chaos.conftest import wait_consuming
+
+    chaos_model("echo", sleep_per_record=0.2)
+    chaos_stack.workers.pop("cpu0").stop()
+    # As the launcher starts its slots: SIGTERM is Celery's soft shutdown, here 2 seconds long.
+    soft = {"REMAP_SIGTERM": "SIGQUIT", "BATCHERY_SOFT_SHUTDOWN_S": "2"}
+    slot = chaos_stack.start_shard_worker("slot0", extra_env=soft)
+    wait_consuming(chaos_stack)
+    timing: dict[str, float] = {}
+
+    def terminate_mid_shard(job_id: str) -> None:
+        wait_for(_shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
+        timing["sent"] = time.monotonic()
+        slot.process.send_signal(signal.SIGTERM)
+        slot.process.wait(timeout=30)
+        timing["exited"] = time.monotonic()
+        del chaos_stack.workers["slot0"]
+        chaos_stack.start_shard_worker("slot1", extra_env=soft)
+
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="SIGTERM mid-shard (soft shutdown)", model="chaos-echo", texts=_texts(60),
+        shard_size=20, report=chaos_report, during=terminate_mid_shard,
+    )  # fmt: skip
+    assert job.status == "succeeded"
+    assert timing["exited"] - timing["sent"] < 10, "the soft shutdown is bounded, not a wait for the whole shard"
+    assert {shard.worker.split("@")[0] for shard in job.shards.all()} == {"slot1"}

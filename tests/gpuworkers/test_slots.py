@@ -14,6 +14,7 @@ def test_four_gpus_in_slots_of_two_consume_the_x2_queue_of_their_class() -> None
     ]
     env = worker_env(slots[1], {"PATH": "/bin"})
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["REMAP_SIGTERM"] == "SIGQUIT", "SIGTERM is a soft shutdown, bounded in time"
     command = worker_command(slots[1], app="tasks.app", hostname="h", loglevel="INFO")
     assert command[command.index("--queues") + 1] == "gpu.test.x2"
     assert command[command.index("--concurrency") + 1] == "1"

@@ -67,8 +67,10 @@ class ChaosStack:
         self.workers["control"] = worker
         return worker
 
-    def start_shard_worker(self, name: str = "cpu0", *, preload: str = "") -> WorkerProcess:
-        env = {**self.env, "CUDA_VISIBLE_DEVICES": "", "BATCHERY_PRELOAD": preload}
+    def start_shard_worker(
+        self, name: str = "cpu0", *, preload: str = "", extra_env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": "", "BATCHERY_PRELOAD": preload, **(extra_env or {})}
         worker = start_worker(name, "gpu.cpu", env=env, log_dir=self.log_dir)
         self.workers[name] = worker
         return worker
