@@ -120,6 +120,11 @@ class ModelCache:
                 budget_bytes=self._budget,
             )
 
+    def resident(self) -> list[CacheKey]:
+        """The (name, version) of every loaded model, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
     def loads_of(self, key: CacheKey) -> int:
         """How many times the model with this (name, version) was loaded by this cache."""
         with self._lock:

@@ -26,6 +26,10 @@ ERROR_MARKERS: tuple[str, ...] = (
 )
 """Lower-case fragments of the messages of CUDA errors that leave the context unusable."""
 
+DEAD_ENGINE_ERRORS: frozenset[str] = frozenset({"EngineDeadError"})
+"""Names of errors raised once an engine's own background process died (vLLM's): like a broken
+CUDA context, nothing in this process recovers, so the worker must exit."""
+
 _CHAIN_LIMIT = 8
 """Causes followed from the raised exception; engines wrap device errors a level or two deep at most."""
 
@@ -45,6 +49,8 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < _CHAIN_LIMIT:
         seen.add(id(current))
+        if type(current).__name__ in DEAD_ENGINE_ERRORS:
+            return True
         if isinstance(current, RuntimeError) and not _is_torch_out_of_memory(current):
             message = str(current).lower()
             if any(marker in message for marker in ERROR_MARKERS):

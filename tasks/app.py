@@ -12,4 +12,4 @@ from tasks.config import celery_settings
 
 app = Celery("batchery")
 app.conf.update(celery_settings())
-app.conf.include = ["tasks.plan", "tasks.run_shard", "tasks.merge", "tasks.reconcile"]
+app.conf.include = ["tasks.plan", "tasks.run_shard", "tasks.merge", "tasks.reconcile", "tasks.diagnostics"]

@@ -22,6 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from gpuworkers.batching import RecordResult, run_records
 from gpuworkers.cache import process_cache
 from gpuworkers.settings import device, micro_batch_size
+from tasks import slot_state
 from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
 from tasks.leases import Lease, shard_lease_key
 from tasks.progress import publish_shard_progress
@@ -80,8 +81,12 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipp
     store = store_for(spec.shard_prefix)
     attempt_id = uuid.uuid4().hex
     attempt_no = start_attempt(store, spec, attempt_id, worker)
-    with Lease(shard_lease_key(spec.job_id, spec.shard_index), f"{worker}:{attempt_id}"):
-        return _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+    slot_state.current_shard = f"{spec.job_id}/{spec.shard_index}"
+    try:
+        with Lease(shard_lease_key(spec.job_id, spec.shard_index), f"{worker}:{attempt_id}"):
+            return _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+    finally:
+        slot_state.current_shard = None
 
 
 def _run_attempt(

@@ -38,6 +38,7 @@ _ENGINES: dict[str, str] = {
     "python": "gpuworkers.engines.python:PythonEngine",
     "sentence_transformers": "gpuworkers.engines.sentence_transformers:SentenceTransformersEngine",
     "transformers": "gpuworkers.engines.transformers:TransformersEngine",
+    "vllm": "gpuworkers.engines.vllm:VllmEngine",
 }
 
 

@@ -20,14 +20,15 @@ from gpuworkers.spec import ModelSpec
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-_LOAD_PARAMS = frozenset({"max_seq_length"})
+_LOAD_PARAMS = frozenset({"max_seq_length", "half_precision"})
 
 
 class SentenceTransformersEngine:
     """Embeds text; load once per worker process, then call `run_batch` per micro-batch.
 
     Params of `run_batch`: ``batch_size`` (inputs per forward pass, default 32) and ``normalize``
-    (unit-length embeddings, default false). Load params: ``max_seq_length`` (tokens kept per input).
+    (unit-length embeddings, default false). Load params: ``max_seq_length`` (tokens kept per input)
+    and ``half_precision`` (float16 weights on a GPU, the default there; never on the CPU).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -54,6 +55,9 @@ class SentenceTransformersEngine:
             raise EngineLoadError(f"cannot load {self.spec.name!r} from {path}: {type(exc).__name__}: {exc}") from exc
         if "max_seq_length" in self.spec.load_params:
             model.max_seq_length = int(self.spec.load_params["max_seq_length"])
+        if device.startswith("cuda") and self.spec.load_params.get("half_precision", True):
+            # float16 halves the weights' memory and runs on the GPU's tensor cores.
+            model.half()
         model.eval()
         self._model = model
 

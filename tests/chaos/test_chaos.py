@@ -405,6 +405,7 @@ def test_a_model_that_will_not_load_fails_the_slot_start_not_the_shards(
     )  # fmt: skip
     assert job.status == "succeeded"
     assert all(shard.cache_hit for shard in job.shards.all()), "the healthy slot had the model loaded before work"
+    assert all(shard.load_seconds == 0 for shard in job.shards.all())
     assert healthy.process.poll() is None
 
 

@@ -57,3 +57,10 @@ def test_running_out_of_memory_is_not_sticky() -> None:
     import torch
 
     assert not is_sticky_device_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+
+
+def test_a_dead_vllm_engine_is_treated_like_a_broken_device() -> None:
+    class EngineDeadError(Exception):
+        """Stands in for vllm.v1.engine.exceptions.EngineDeadError."""
+
+    assert is_sticky_device_error(EngineDeadError("EngineCore encountered an issue"))

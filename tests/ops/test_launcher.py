@@ -1,0 +1,189 @@
+"""The launcher on this CPU machine: slots pinned to GPU indexes, routing by size, heartbeats,
+supervision and draining, with real worker processes and a Redis of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import redis
+from celery import Celery
+
+from portal.jobs.models import Job
+from tests.chaos.conftest import ARTIFACTS, wait_consuming
+from tests.factories import GpuClassFactory, ModelFactory
+from tests.support.chaos import CHAOS_ENV, ChaosStack, check_exactly_once, wait_for, write_records
+from tests.support.workers import REPO, database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+class Launcher:
+    def __init__(self, stack: ChaosStack, name: str, *args: str) -> None:
+        self.log_path = stack.log_dir / f"launcher-{name}.log"
+        stack.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**stack.env, "BATCHERY_HEARTBEAT_INTERVAL_S": "1"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpuworkers", "launch", *args], cwd=REPO, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def worker_pids(self) -> set[int]:
+        return {child.pid for child in psutil.Process(self.process.pid).children(recursive=True)}
+
+    def slot_masters(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def stack(transactional_db: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ChaosStack]:
+    from django.db import connection
+
+    env = {**os.environ, **CHAOS_ENV, "DATABASE_URL": database_url(connection.settings_dict)}
+    stack = ChaosStack(env=env, data_dir=tmp_path / "fleet", log_dir=ARTIFACTS / "fleet-logs" / request.node.name)
+    stack.start_redis()
+    try:
+        stack.start_control()
+        wait_consuming(stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def launch(stack: ChaosStack) -> Iterator[Callable[..., Launcher]]:
+    launchers: list[Launcher] = []
+
+    def start(name: str, *args: str) -> Launcher:
+        launcher = Launcher(stack, name, *args)
+        launchers.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in launchers:
+        launcher.stop()
+
+
+def _app(stack: ChaosStack, patch: pytest.MonkeyPatch) -> Celery:
+    # Celery prefers these variables over a URL given in code; point them at this stack's Redis.
+    patch.setenv("CELERY_BROKER_URL", stack.broker_url)
+    patch.setenv("CELERY_RESULT_BACKEND", stack.broker_url)
+    return Celery(broker=stack.broker_url, backend=stack.broker_url)
+
+
+def _wait_slots(stack: ChaosStack, count: int) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(stack.broker_url)
+
+    def beats() -> list[dict[str, Any]] | None:
+        values = [json.loads(client.get(key) or b"null") for key in client.scan_iter(match="batchery:fleet:*")]
+        return values if len([v for v in values if v]) >= count else None
+
+    result: list[dict[str, Any]] = wait_for(beats, timeout_s=90, what=f"{count} slot heartbeats", stack=stack)
+    return result
+
+
+def test_slots_of_two_gpus_each_see_only_their_devices_and_consume_only_the_x2_queue(
+    stack: ChaosStack, launch: Callable[..., Launcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch("x2", "--gpus", "0,1,2,3", "--gpus-per-worker", "2", "--gpu-class", "test")
+    beats = _wait_slots(stack, 2)
+    assert sorted((beat["slot"], tuple(beat["gpus"]), beat["gpu_class"]) for beat in beats) == [
+        ("0", (0, 1), "test"),
+        ("1", (2, 3), "test"),
+    ]
+    app = _app(stack, monkeypatch)
+    results = [app.send_task("batchery.slot_info", kwargs={"pause_s": 0.5}, queue="gpu.test.x2") for _ in range(8)]
+    answers = [result.get(timeout=60) for result in results]
+    seen = {(answer["hostname"].split("@")[0], answer["cuda_visible_devices"]) for answer in answers}
+    assert seen == {("slot0-test", "0,1"), ("slot1-test", "2,3")}
+    assert {answer["queue"] for answer in answers} == {"gpu.test.x2"}
+    queues = app.control.inspect(timeout=2).active_queues() or {}
+    slot_queues = {name: {q["name"] for q in qs} for name, qs in queues.items() if name.startswith("slot")}
+    assert slot_queues and all(names == {"gpu.test.x2"} for names in slot_queues.values())
+
+
+def test_a_model_of_two_gpus_per_replica_never_runs_on_a_one_gpu_slot(
+    stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
+) -> None:
+    ModelFactory(
+        name="wide-echo", engine="python", task="classify", is_default=False, gpus_per_replica=2,
+        gpu_class=GpuClassFactory(name="test"), source="tests.support.chaos_engines:echo_factory",
+        default_params={"time_limit_base_s": 8},
+    )  # fmt: skip
+    narrow = launch("x1", "--gpus", "0,1", "--gpus-per-worker", "1", "--gpu-class", "test")
+    wide = launch("x2", "--gpus", "2,3", "--gpus-per-worker", "2", "--gpu-class", "test")
+    _wait_slots(stack, 3)
+    ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(40)])
+    job_id = stack.submit(model="wide-echo", input_path=tmp_path / "in.jsonl", shard_size=5)
+    job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).is_finished and j, timeout_s=90, what="job", stack=stack)
+    check_exactly_once("2-GPU model with 1- and 2-GPU slots up", job, ids, 0)
+    pids = set(job.shards.values_list("worker_pid", flat=True))
+    assert pids <= wide.worker_pids()
+    assert not pids & narrow.worker_pids()
+
+
+def test_a_slot_killed_with_sigkill_is_restarted_and_its_shard_delivered_again(
+    stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
+) -> None:
+    ModelFactory(
+        name="slow-echo", engine="python", task="classify", is_default=False,
+        source="tests.support.chaos_engines:echo_factory",
+        default_params={"sleep_per_record": 0.1, "time_limit_base_s": 8},
+    )  # fmt: skip
+    launcher = launch("cpu", "--cpu-slots", "1")
+    _wait_slots(stack, 1)
+    ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(60)])
+    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+    wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running", stack=stack)
+    time.sleep(1)
+    (master,) = launcher.slot_masters()
+    for process in [*master.children(recursive=True), master]:
+        process.send_signal(signal.SIGKILL)
+    wait_for(lambda: [p for p in launcher.slot_masters() if p.pid != master.pid], timeout_s=30, what="a restarted slot")
+    job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).is_finished and j, timeout_s=120, what="job", stack=stack)
+    check_exactly_once("slot killed with SIGKILL", job, ids, 0)
+    assert job.status == "succeeded"
+    assert "exited with" in launcher.log_path.read_text()
+
+
+def test_sigterm_during_a_shard_lets_it_finish_starts_no_other_and_the_launcher_exits_0(
+    stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
+) -> None:
+    ModelFactory(
+        name="slow-echo", engine="python", task="classify", is_default=False,
+        source="tests.support.chaos_engines:echo_factory",
+        default_params={"sleep_per_record": 0.1, "time_limit_base_s": 8},
+    )  # fmt: skip
+    launcher = launch("cpu", "--cpu-slots", "1")
+    _wait_slots(stack, 1)
+    write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(60)])
+    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+
+    def started() -> list[Path]:
+        job = Job.objects.get(pk=job_id)
+        return [p for s in job.shards.all() for p in (Path(s.prefix_uri.removeprefix("file://")) / "started").glob("*")]
+
+    wait_for(started, timeout_s=60, what="a shard to start", stack=stack)
+    before = started()
+    launcher.process.send_signal(signal.SIGTERM)
+    assert launcher.process.wait(timeout=60) == 0
+    shard_dir = before[0].parent.parent
+    assert (shard_dir / "commit.json").exists(), "the running shard finished and committed"
+    assert started() == before, "no other shard started"
+    client = redis.Redis.from_url(stack.broker_url)
+    wait_for(lambda: not list(client.scan_iter(match="batchery:fleet:*")), timeout_s=10, what="the heartbeat to go")
