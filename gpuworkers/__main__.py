@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("--gpus", type=_gpus, default=None, help="'auto' (NVML) or device indexes, e.g. 0,1,2,3")
     launch.add_argument("--gpus-per-worker", type=int, default=1, choices=(1, 2, 4, 8))
     launch.add_argument("--gpu-class", default=None, help="override the class derived from the device")
-    launch.add_argument("--cpu-slots", type=int, default=None, help="slots where there is no GPU (default: cores)")
+    launch.add_argument(
+        "--cpu-slots", type=int, default=None, help="slots where there is no GPU (default 1, with a thread per core)"
+    )
     launch.add_argument("--app", default="tasks.app", help="the Celery app the workers load")
     launch.add_argument(
         "--preload", nargs="*", default=[], metavar="MODEL", help="models (name or name@version) each slot loads first"

@@ -63,7 +63,7 @@ def worker_env(slot: Slot, base: dict[str, str], *, preload: list[str] | None = 
     env["BATCHERY_GPU_CLASS"] = slot.gpu_class
     if slot.torch_threads:
         env["BATCHERY_TORCH_THREADS"] = str(slot.torch_threads)
-        # Tokenizers and BLAS spawn their own threads; one slot per core must stay on its core.
+        # Tokenizers and BLAS spawn their own threads; a slot must stay within its share of the cores.
         env["OMP_NUM_THREADS"] = str(slot.torch_threads)
         env["TOKENIZERS_PARALLELISM"] = "false"
     return env

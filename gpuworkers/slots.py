@@ -1,8 +1,9 @@
 """GPU discovery and slots: which devices a worker process gets, and which queue it consumes.
 
 Discovery goes through NVML (`nvidia-ml-py`) when it is installed and finds devices; otherwise the
-host has `cpu` slots, one per core by default, each pinned to one torch thread (measured on two
-cores: two one-thread processes encode ~150 sentences/s, one two-thread process ~123).
+host runs one `cpu` slot with a torch thread per core. `--cpu-slots N` splits the cores between N
+slots instead, which is faster for small models: on two cores, two one-thread processes encode
+~150 sentences/s and one two-thread process ~123 (`make bench` uses a slot per core).
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def plan_slots(
     discovered = discover_gpus() if gpus is None else []
     indexes = gpus if gpus is not None else [gpu.index for gpu in discovered]
     if not indexes:
-        count = cpu_slots or os.cpu_count() or 1
-        return [Slot(index=i, gpu_class=gpu_class or "cpu", gpus=(), torch_threads=1) for i in range(count)]
+        count = cpu_slots or 1
+        # Threads are set explicitly: slots left at torch's default each take every core and fight.
+        threads = max(1, (os.cpu_count() or 1) // count)
+        return [Slot(index=i, gpu_class=gpu_class or "cpu", gpus=(), torch_threads=threads) for i in range(count)]
     if len(indexes) % gpus_per_worker:
         raise ValueError(f"{len(indexes)} GPUs cannot be split into slots of {gpus_per_worker}")
     name = gpu_class or (gpu_class_of(discovered[0]) if discovered else "gpu")

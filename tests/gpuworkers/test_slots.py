@@ -21,7 +21,14 @@ def test_four_gpus_in_slots_of_two_consume_the_x2_queue_of_their_class() -> None
     assert command[command.index("--hostname") + 1] == "slot1-test@h"
 
 
-def test_a_machine_without_gpus_gets_cpu_slots_of_one_thread_each() -> None:
+def test_a_machine_without_gpus_gets_one_cpu_slot_with_a_thread_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    (slot,) = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None)
+    assert (slot.queue, slot.cuda_visible_devices, slot.torch_threads) == ("gpu.cpu", "", 4)
+
+
+def test_cpu_slots_split_the_cores_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
     slots = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None, cpu_slots=2)
     assert [(slot.queue, slot.cuda_visible_devices, slot.torch_threads) for slot in slots] == [
         ("gpu.cpu", "", 1),

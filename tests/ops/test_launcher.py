@@ -187,3 +187,26 @@ def test_sigterm_during_a_shard_lets_it_finish_starts_no_other_and_the_launcher_
     assert started() == before, "no other shard started"
     client = redis.Redis.from_url(stack.broker_url)
     wait_for(lambda: not list(client.scan_iter(match="batchery:fleet:*")), timeout_s=10, what="the heartbeat to go")
+
+
+def test_a_second_sigint_stops_every_slot_at_once(
+    stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
+) -> None:
+    ModelFactory(
+        name="slow-echo", engine="python", task="classify", is_default=False,
+        source="tests.support.chaos_engines:echo_factory",
+        default_params={"sleep_per_record": 1.0, "time_limit_base_s": 15},
+    )  # fmt: skip
+    launcher = launch("cpu", "--cpu-slots", "1")
+    _wait_slots(stack, 1)
+    write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(20)])
+    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+    wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running", stack=stack)
+    time.sleep(2)
+    pids = launcher.worker_pids()
+    launcher.process.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    launcher.process.send_signal(signal.SIGINT)
+    launcher.process.wait(timeout=10)
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids),
+             timeout_s=10, what="every slot process to be gone")  # fmt: skip
