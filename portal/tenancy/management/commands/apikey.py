@@ -1,0 +1,35 @@
+"""`manage.py apikey create --tenant NAME --user USERNAME [--role ROLE] [--name LABEL]`.
+
+Creates the user and the membership if needed, then prints the key once, on its own line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from portal.tenancy.apikeys import apikey_create
+from portal.tenancy.models import Membership, Tenant
+
+
+class Command(BaseCommand):
+    help = "Create an API key for a user of a tenant; the key is printed once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True)
+        create = actions.add_parser("create", help="create a key (and the user and membership if needed)")
+        create.add_argument("--tenant", required=True)
+        create.add_argument("--user", required=True)
+        create.add_argument("--role", default=Membership.Role.MEMBER, choices=Membership.Role.values)
+        create.add_argument("--name", default="", help="a label to recognise the key by")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant = Tenant.objects.filter(name=options["tenant"]).first()
+        if tenant is None:
+            raise CommandError(f"no tenant named {options['tenant']!r}; create it with `manage.py tenant create`")
+        user, _ = User.objects.get_or_create(username=options["user"])
+        Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": options["role"]})
+        _, plaintext = apikey_create(tenant=tenant, user=user, name=options["name"])
+        self.stdout.write(plaintext)
