@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from gpuworkers.nvml import nvml_session
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -47,15 +49,9 @@ class Slot:
 
 def discover_gpus() -> list[Gpu]:
     """GPUs that NVML reports; an empty list where NVML is missing or finds none."""
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
-    try:
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return []
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -63,8 +59,6 @@ def discover_gpus() -> list[Gpu]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
             gpus.append(Gpu(index=index, name=name if isinstance(name, str) else name.decode(), memory_bytes=memory))
         return gpus
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def gpu_class_of(gpu: Gpu) -> str:

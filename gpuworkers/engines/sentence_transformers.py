@@ -8,12 +8,12 @@ them costs one extra fast-tokenizer call per micro-batch, well under 1 % of enco
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.torch_memory import module_bytes, release_memory
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 
@@ -81,20 +81,13 @@ class SentenceTransformersEngine:
         ]
 
     def memory_bytes(self) -> int:
-        if self._model is None:
-            return 0
-        tensors = [*self._model.parameters(), *self._model.buffers()]
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        return 0 if self._model is None else module_bytes(self._model)
 
     def unload(self) -> None:
         if self._model is None:
             return
         self._model = None
-        gc.collect()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
     def _loaded_model(self) -> SentenceTransformer:
         if self._model is None:

@@ -7,13 +7,13 @@ Each response is ``{"text", "finish_reason": "stop" | "length", "usage": {"promp
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.torch_memory import module_bytes, release_memory
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 
@@ -140,20 +140,13 @@ class TransformersEngine:
         return responses
 
     def memory_bytes(self) -> int:
-        if self._model is None:
-            return 0
-        tensors = [*self._model.parameters(), *self._model.buffers()]
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        return 0 if self._model is None else module_bytes(self._model)
 
     def unload(self) -> None:
         if self._model is None:
             return
         self._model = self._tokenizer = None
-        gc.collect()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
     def _dtype_name(self, device: str) -> str:
         unknown = set(self.spec.load_params) - _LOAD_PARAMS
