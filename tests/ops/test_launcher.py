@@ -97,6 +97,21 @@ def _wait_slots(stack: ChaosStack, count: int) -> list[dict[str, Any]]:
     return result
 
 
+def _slow_job_on_one_slot(
+    stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path, *, records: int, sleep_per_record: float
+) -> tuple[Launcher, str, list[str]]:
+    """One cpu slot under a launcher, and a job of shards of 20 slow records submitted to it."""
+    ModelFactory(
+        name="slow-echo", engine="python", task="classify", is_default=False,
+        source="tests.support.chaos_engines:echo_factory",
+        default_params={"sleep_per_record": sleep_per_record, "time_limit_base_s": 10 + 20 * sleep_per_record},
+    )  # fmt: skip
+    launcher = launch("cpu", "--cpu-slots", "1")
+    _wait_slots(stack, 1)
+    ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(records)])
+    return launcher, stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20), ids
+
+
 def test_slots_of_two_gpus_each_see_only_their_devices_and_consume_only_the_x2_queue(
     stack: ChaosStack, launch: Callable[..., Launcher], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,15 +155,7 @@ def test_a_model_of_two_gpus_per_replica_never_runs_on_a_one_gpu_slot(
 def test_a_slot_killed_with_sigkill_is_restarted_and_its_shard_delivered_again(
     stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
 ) -> None:
-    ModelFactory(
-        name="slow-echo", engine="python", task="classify", is_default=False,
-        source="tests.support.chaos_engines:echo_factory",
-        default_params={"sleep_per_record": 0.1, "time_limit_base_s": 8},
-    )  # fmt: skip
-    launcher = launch("cpu", "--cpu-slots", "1")
-    _wait_slots(stack, 1)
-    ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(60)])
-    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+    launcher, job_id, ids = _slow_job_on_one_slot(stack, launch, tmp_path, records=60, sleep_per_record=0.1)
     wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running", stack=stack)
     time.sleep(1)
     (master,) = launcher.slot_masters()
@@ -164,15 +171,7 @@ def test_a_slot_killed_with_sigkill_is_restarted_and_its_shard_delivered_again(
 def test_sigterm_during_a_shard_lets_it_finish_starts_no_other_and_the_launcher_exits_0(
     stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
 ) -> None:
-    ModelFactory(
-        name="slow-echo", engine="python", task="classify", is_default=False,
-        source="tests.support.chaos_engines:echo_factory",
-        default_params={"sleep_per_record": 0.1, "time_limit_base_s": 8},
-    )  # fmt: skip
-    launcher = launch("cpu", "--cpu-slots", "1")
-    _wait_slots(stack, 1)
-    write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(60)])
-    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+    launcher, job_id, _ = _slow_job_on_one_slot(stack, launch, tmp_path, records=60, sleep_per_record=0.1)
 
     def started() -> list[Path]:
         job = Job.objects.get(pk=job_id)
@@ -192,15 +191,7 @@ def test_sigterm_during_a_shard_lets_it_finish_starts_no_other_and_the_launcher_
 def test_a_second_sigint_stops_every_slot_at_once(
     stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path
 ) -> None:
-    ModelFactory(
-        name="slow-echo", engine="python", task="classify", is_default=False,
-        source="tests.support.chaos_engines:echo_factory",
-        default_params={"sleep_per_record": 1.0, "time_limit_base_s": 15},
-    )  # fmt: skip
-    launcher = launch("cpu", "--cpu-slots", "1")
-    _wait_slots(stack, 1)
-    write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(20)])
-    job_id = stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20)
+    launcher, job_id, _ = _slow_job_on_one_slot(stack, launch, tmp_path, records=20, sleep_per_record=1.0)
     wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running", stack=stack)
     time.sleep(2)
     pids = launcher.worker_pids()

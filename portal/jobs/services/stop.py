@@ -40,17 +40,22 @@ def _finalize(job_id: str, stop: str) -> None:
     transaction.on_commit(lambda: merge_job.apply_async((job_id,), {"stop": stop}, queue=CONTROL_QUEUE))
 
 
+def _end_before_running(job_id: str, ending: str) -> bool:
+    """A job that has not started running ends at once: nothing ran, nothing to finalize."""
+    return job_transition(
+        job_id=job_id,
+        source=(JobStatus.QUEUED, JobStatus.PLANNING),
+        target=ending,
+        finished_at=timezone.now(),
+        error=f"{ending} before it ran",
+    )
+
+
 def job_cancel(*, job: Job) -> Job:
     """Cancel a job: at once if it has not started running, else within a micro-batch."""
     job_id = str(job.id)
     request_stop(job_id, "cancelled")
-    if job_transition(
-        job_id=job_id,
-        source=(JobStatus.QUEUED, JobStatus.PLANNING),
-        target=JobStatus.CANCELLED,
-        finished_at=timezone.now(),
-        error="cancelled before it ran",
-    ):
+    if _end_before_running(job_id, JobStatus.CANCELLED):
         return Job.objects.get(pk=job_id)
     with transaction.atomic():
         if not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.CANCELLING):
@@ -66,13 +71,7 @@ def job_expire(*, job: Job) -> bool:
     """End a job past its deadline: `expired`, with what finished kept. True if this call did it."""
     job_id = str(job.id)
     request_stop(job_id, "expired")
-    if job_transition(
-        job_id=job_id,
-        source=(JobStatus.QUEUED, JobStatus.PLANNING),
-        target=JobStatus.EXPIRED,
-        finished_at=timezone.now(),
-        error="expired before it ran",
-    ):
+    if _end_before_running(job_id, JobStatus.EXPIRED):
         return True
     if job.status != JobStatus.RUNNING:
         return False
