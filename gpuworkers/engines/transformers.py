@@ -1,8 +1,11 @@
-"""The ``transformers`` engine: text generation with a Hugging Face causal LM on disk (task ``generate``).
+"""The ``transformers`` engine: text generation with a Hugging Face causal LM on disk (tasks ``generate``, ``chat``).
 
-Each response is ``{"text", "finish_reason": "stop" | "length", "usage": {"prompt_tokens",
-"completion_tokens"}}``. A micro-batch is sorted by prompt length and cut into sub-batches of
-``batch_size`` prompts, so that each sub-batch pads little; responses come back in input order.
+Task ``generate`` takes a prompt string; task ``chat`` takes an OpenAI-style list of messages
+(``{"role", "content"}``, string content), rendered into a prompt by the tokenizer's chat template with
+the assistant's generation prompt. Both give ``{"text", "finish_reason": "stop" | "length", "usage":
+{"prompt_tokens", "completion_tokens"}}``, as the vllm engine does. A micro-batch is sorted by prompt
+length and cut into sub-batches of ``batch_size`` prompts, so that each sub-batch pads little;
+responses come back in input order.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.torch_memory import module_bytes, release_memory
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -20,6 +24,9 @@ from gpuworkers.spec import ModelSpec
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+TASKS = ("generate", "chat")
+"""The model tasks this engine runs."""
 
 _LOAD_PARAMS = frozenset({"dtype"})
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -71,12 +78,14 @@ class GenerationParams:
 
 
 class TransformersEngine:
-    """Generates text; load once per worker process, then call `run_batch` per micro-batch.
+    """Generates text from prompts or chats; load once per worker process, then call `run_batch` per micro-batch.
 
-    Params of `run_batch`: ``max_tokens`` (16), ``temperature`` (0: greedy), ``top_p`` (1.0),
-    ``seed``, ``stop`` (a string or a list of them), ``batch_size`` (prompts per generate call, 32).
-    Load params: ``dtype`` (``float32``, ``float16``, ``bfloat16``); by default float16 on CUDA and
-    float32 on CPU, where half precision is slow.
+    Inputs of `run_batch`: prompt strings (task ``generate``) or lists of messages (task ``chat``,
+    which needs a tokenizer with a chat template). Params, the same for both tasks: ``max_tokens``
+    (16), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop`` (a string or a list of
+    them), ``batch_size`` (prompts per generate call, 32). Load params: ``dtype`` (``float32``,
+    ``float16``, ``bfloat16``); by default float16 on CUDA and float32 on CPU, where half precision is
+    slow.
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -86,8 +95,8 @@ class TransformersEngine:
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def load(self, *, device: str) -> None:
-        if self.spec.task != "generate":
-            raise EngineLoadError(f"the transformers engine runs task 'generate', not {self.spec.task!r}")
+        if self.spec.task not in TASKS:
+            raise EngineLoadError(f"the transformers engine runs tasks {', '.join(TASKS)}, not {self.spec.task!r}")
         dtype_name = self._dtype_name(device)
         path = resolve_model_source(self.spec.source)
         forbid_hub_downloads()
@@ -103,6 +112,10 @@ class TransformersEngine:
             model.to(device)
         except Exception as exc:
             raise EngineLoadError(f"cannot load {self.spec.name!r} from {path}: {type(exc).__name__}: {exc}") from exc
+        if self.spec.task == "chat" and not tokenizer.chat_template:
+            raise EngineLoadError(
+                f"the tokenizer of {self.spec.name!r} has no chat template, which task 'chat' needs to render messages"
+            )
         model.eval()
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
@@ -116,22 +129,19 @@ class TransformersEngine:
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         model, tokenizer = self._loaded()
         generation = GenerationParams.from_mapping(params)
-        prompts = list(inputs)
-        if not prompts:
+        items = list(inputs)
+        if not items:
             return []
-        for prompt in prompts:
-            if not isinstance(prompt, str):
-                raise ValueError(f"the prompt must be a string, not {type(prompt).__name__}")
-        token_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+        token_ids = self._prompt_token_ids(tokenizer, items)
         self._check_lengths(token_ids, generation.max_tokens)
 
         import torch
 
         if generation.seed is not None:
             torch.manual_seed(generation.seed)
-        responses: list[dict[str, Any]] = [{} for _ in prompts]
+        responses: list[dict[str, Any]] = [{} for _ in items]
         # Longest first, so that an out-of-memory error, if one comes, comes on the first sub-batch.
-        order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]), reverse=True)
+        order = sorted(range(len(items)), key=lambda i: len(token_ids[i]), reverse=True)
         for start in range(0, len(order), generation.batch_size):
             indices = order[start : start + generation.batch_size]
             batch_responses = self._generate(model, tokenizer, [token_ids[i] for i in indices], generation)
@@ -165,6 +175,16 @@ class TransformersEngine:
         if self._model is None or self._tokenizer is None:
             raise RuntimeError(f"engine for {self.spec.name!r} is not loaded; call load() first")
         return self._model, self._tokenizer
+
+    def _prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase, items: list[Any]) -> list[list[int]]:
+        if self.spec.task == "chat":
+            texts = [_render_chat(tokenizer, require_messages(item, text_content=True)) for item in items]
+            # The rendered template already holds the model's special tokens (BOS and the like).
+            return tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        for prompt in items:
+            if not isinstance(prompt, str):
+                raise ValueError(f"the prompt must be a string, not {type(prompt).__name__}")
+        return tokenizer(items, return_attention_mask=False)["input_ids"]
 
     def _check_lengths(self, token_ids: list[list[int]], max_tokens: int) -> None:
         # Positions past the model's context index out of its position table, which on CUDA is a
@@ -280,6 +300,11 @@ def _tokens_until_stop(tokenizer: PreTrainedTokenizerBase, generated: list[int],
         else:
             high = middle
     return high
+
+
+def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> str:
+    """The conversation as the model's prompt text, ending with the assistant's turn to speak."""
+    return cast(str, tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
 
 def _decode(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:

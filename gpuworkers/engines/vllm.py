@@ -27,6 +27,7 @@ import numpy as np
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.messages import require_messages
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -104,7 +105,7 @@ class VllmEngine:
         if self.spec.task == "generate":
             outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False)
         else:
-            conversations = [_require_messages(item) for item in items]
+            conversations = [require_messages(item) for item in items]
             outputs = llm.chat(conversations, sampling_params=sampling_params, use_tqdm=False)
         return [completion_response(output, top_logprobs=kwargs.get("logprobs")) for output in outputs]
 
@@ -364,15 +365,6 @@ def _require_texts(inputs: list[Any]) -> list[str]:
         if not text:
             raise ValueError("the input is an empty string")
     return inputs
-
-
-def _require_messages(messages: Any) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"messages must be a non-empty list of messages, not {type(messages).__name__}")
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ValueError("each message must be an object with a string 'role'")
-    return messages
 
 
 def _import_vllm() -> Any:

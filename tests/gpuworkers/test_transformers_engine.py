@@ -1,6 +1,7 @@
 """The transformers engine, with a tiny GPT-2 built on the fly and loaded back from disk.
 
-The tiny model's tokenizer has one token per character, so token counts can be read off the text.
+The tiny model's tokenizer has one token per character, so token counts can be read off the text, and
+a chat template (``user: Hi; assistant:``), for task ``chat``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from gpuworkers.engines import EngineLoadError, create_engine
 from gpuworkers.engines.transformers import TransformersEngine
 from gpuworkers.spec import ModelSpec
-from tests.support.tiny_models import build_tiny_causal_lm
+from tests.support.tiny_models import TINY_CHAT_TEMPLATE, TINY_EOS, build_tiny_causal_lm
 
 PROMPTS = [
     "Hello",
@@ -24,6 +25,24 @@ PROMPTS = [
     "Medium prompt",
     "Another medium one",
 ]
+
+
+CHATS = [
+    [{"role": "user", "content": "Hello"}],
+    [
+        {"role": "system", "content": "Answer in one long sentence"},
+        {"role": "user", "content": "What is a much longer question?"},
+    ],
+    [{"role": "user", "content": "x"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"}, {"role": "user", "content": "So?"}],
+]
+RENDERED_CHATS = [
+    "user: Hello; assistant:",
+    "system: Answer in one long sentence; user: What is a much longer question?; assistant:",
+    "user: x; assistant:",
+    "user: Hi; assistant: Hey; user: So?; assistant:",
+]
+"""`CHATS` as the tiny chat template renders them, with the assistant's generation prompt."""
 
 
 def tiny_spec(directory: Path, **changes: object) -> ModelSpec:
@@ -45,6 +64,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[TransformersEngine]:
     engine = TransformersEngine(tiny_spec(model_dir))
+    engine.load(device="cpu")
+    yield engine
+    engine.unload()
+
+
+@pytest.fixture(scope="module")
+def chat_engine(model_dir: Path) -> Iterator[TransformersEngine]:
+    engine = TransformersEngine(tiny_spec(model_dir, task="chat"))
     engine.load(device="cpu")
     yield engine
     engine.unload()
@@ -162,10 +189,10 @@ def test_an_empty_batch_gives_no_responses(engine: TransformersEngine) -> None:
     assert engine.run_batch([], {}) == []
 
 
-def test_a_task_other_than_generate_is_a_load_error(model_dir: Path) -> None:
+def test_a_task_other_than_generate_or_chat_is_a_load_error(model_dir: Path) -> None:
     engine = TransformersEngine(tiny_spec(model_dir, task="embed"))
 
-    with pytest.raises(EngineLoadError, match="runs task 'generate', not 'embed'"):
+    with pytest.raises(EngineLoadError, match="runs tasks generate, chat, not 'embed'"):
         engine.load(device="cpu")
 
 
@@ -185,3 +212,104 @@ def test_memory_bytes_reports_the_weights_and_unload_frees_them(model_dir: Path)
 
     assert 100_000 < loaded_bytes < 200_000  # about 30,000 float32 parameters and GPT-2's mask buffers
     assert engine.memory_bytes() == 0
+
+
+# Task chat
+
+
+def test_each_chat_gets_one_completion_shaped_like_a_generated_one(chat_engine: TransformersEngine) -> None:
+    responses = chat_engine.run_batch(CHATS, {"max_tokens": 5})
+
+    assert len(responses) == len(CHATS)
+    for response in responses:
+        assert set(response) == {"text", "finish_reason", "usage"}
+        assert isinstance(response["text"], str) and response["text"]
+        assert response["finish_reason"] in ("stop", "length")
+        assert set(response["usage"]) == {"prompt_tokens", "completion_tokens"}
+
+
+def test_chat_prompt_tokens_are_the_tokens_of_the_rendered_template(chat_engine: TransformersEngine) -> None:
+    tokenizer = chat_engine._tokenizer
+    assert tokenizer is not None
+    rendered = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in CHATS]
+
+    responses = chat_engine.run_batch(CHATS, {"max_tokens": 7})
+
+    assert rendered == RENDERED_CHATS
+    for text, response in zip(rendered, responses, strict=True):
+        assert response["usage"]["prompt_tokens"] == len(tokenizer(text)["input_ids"]) == len(text)
+        if response["finish_reason"] == "length":
+            assert response["usage"]["completion_tokens"] == 7 == len(response["text"])
+
+
+@pytest.mark.parametrize("params", [{"max_tokens": 12}, {"max_tokens": 12, "batch_size": 2}])
+def test_greedy_chat_equals_generate_on_the_rendered_prompts_in_input_order(
+    engine: TransformersEngine, chat_engine: TransformersEngine, params: dict[str, object]
+) -> None:
+    generated = engine.run_batch(RENDERED_CHATS, params)
+
+    chatted = chat_engine.run_batch(CHATS, params)
+
+    assert chatted == generated
+    assert len({response["text"] for response in generated}) > 1  # a wrong order would go unseen otherwise
+
+
+def test_a_stop_string_cuts_a_chat_completion(chat_engine: TransformersEngine) -> None:
+    (full,) = chat_engine.run_batch(CHATS[:1], {"max_tokens": 12})
+    stop = full["text"][3:5]
+    cut = full["text"].find(stop)
+
+    (stopped,) = chat_engine.run_batch(CHATS[:1], {"max_tokens": 12, "stop": stop})
+
+    assert stopped["text"] == full["text"][:cut]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["usage"]["completion_tokens"] == cut + len(stop)
+
+
+def test_a_chat_template_that_writes_the_bos_token_gets_it_once(model_dir: Path, tmp_path: Path) -> None:
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    # A tokenizer that adds a BOS token to any text it encodes, and a template that writes one too.
+    bos_dir = shutil.copytree(model_dir, tmp_path / "bos")
+    tokenizer = AutoTokenizer.from_pretrained(bos_dir)
+    tokenizer.bos_token = TINY_EOS
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{TINY_EOS} $A", special_tokens=[(TINY_EOS, tokenizer.eos_token_id)]
+    )
+    tokenizer.chat_template = "{{ bos_token }}" + TINY_CHAT_TEMPLATE
+    tokenizer.save_pretrained(bos_dir)
+    bos_engine = TransformersEngine(tiny_spec(bos_dir, task="chat"))
+    bos_engine.load(device="cpu")
+
+    (response,) = bos_engine.run_batch(CHATS[:1], {"max_tokens": 3})
+
+    assert response["usage"]["prompt_tokens"] == 1 + len(RENDERED_CHATS[0])
+
+
+@pytest.mark.parametrize(
+    ("chat", "message"),
+    [
+        ("Hello", "messages must be a non-empty list of messages, not str"),
+        ([], "messages must be a non-empty list of messages, not list"),
+        (["Hello"], "each message must be an object with a string 'role'"),
+        ([{"content": "no role"}], "each message must be an object with a string 'role'"),
+        ([{"role": "user"}], "each message's 'content' must be a string, not NoneType"),
+        ([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "'content' must be a string, not list"),
+    ],
+)
+def test_a_bad_chat_raises_a_value_error(chat_engine: TransformersEngine, chat: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        chat_engine.run_batch([CHATS[0], chat], {})
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_load_error_for_chat_only(model_dir: Path, tmp_path: Path) -> None:
+    # save_pretrained keeps the template in a file of its own.
+    plain_dir = shutil.copytree(model_dir, tmp_path / "plain", ignore=shutil.ignore_patterns("chat_template.jinja"))
+    for_chat = TransformersEngine(tiny_spec(plain_dir, task="chat"))
+    for_generate = TransformersEngine(tiny_spec(plain_dir))
+
+    with pytest.raises(EngineLoadError, match="the tokenizer of 'tiny-gpt2' has no chat template"):
+        for_chat.load(device="cpu")
+    for_generate.load(device="cpu")
+    assert for_generate.run_batch(["Hello"], {"max_tokens": 2})[0]["usage"]["prompt_tokens"] == 5

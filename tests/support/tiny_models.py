@@ -10,12 +10,20 @@ from pathlib import Path
 TINY_EOS = "<|endoftext|>"
 """End-of-sequence token of the tiny causal LM's tokenizer; it has no pad token."""
 
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}; {% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+"""The tiny tokenizer's chat template: ``[{"role": "user", "content": "Hi"}]`` renders as ``user: Hi; assistant:``
+with the generation prompt. A separator of printable ASCII, not a newline, which the vocabulary lacks."""
+
 
 def build_tiny_causal_lm(directory: Path) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
     The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
-    about and every generated token decodes to readable text.
+    about and every generated token decodes to readable text; it has a chat template too
+    (`TINY_CHAT_TEMPLATE`), for task ``chat``.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models
@@ -28,6 +36,7 @@ def build_tiny_causal_lm(directory: Path) -> Path:
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens(["<unk>", TINY_EOS])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=TINY_EOS, unk_token="<unk>")
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
 
     config = GPT2Config(
         vocab_size=len(vocab),
