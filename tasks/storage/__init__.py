@@ -1,4 +1,4 @@
-"""Object storage behind one small interface, chosen by URI scheme (`file://` now, `s3://` later).
+"""Object storage behind one small interface, chosen by URI scheme (`file://`, `s3://`).
 
 Everything a shard reads or writes is addressed by a full URI, so a GPU host needs only the URI
 and credentials for the store, never the database.
@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from tasks.storage.base import ObjectStore, StorageError, TransientStorageError, join_uri
 from tasks.storage.registry import store_for
+from tasks.storage.s3 import S3Store
 
-__all__ = ["ObjectStore", "StorageError", "TransientStorageError", "join_uri", "store_for"]
+__all__ = ["ObjectStore", "S3Store", "StorageError", "TransientStorageError", "join_uri", "store_for"]
