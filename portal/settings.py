@@ -30,10 +30,15 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "portal.tenancy",
     "portal.catalog",
     "portal.jobs",
     "portal.ops",
+    "portal.batches",
 ]
 
 MIDDLEWARE = [
@@ -123,3 +128,38 @@ BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, m
 BATCHERY_TARGET_SHARDS = env_int("BATCHERY_TARGET_SHARDS", 64, minimum=1)
 BATCHERY_MIN_SHARD_RECORDS = env_int("BATCHERY_MIN_SHARD_RECORDS", 100, minimum=1)
 BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)
+
+# The API: keys for programs, sessions for the portal; one error shape; cursor pages.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.api.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["portal.api.permissions.TenantRolePermission"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "portal.api.pagination.CreatedCursorPagination",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Batchery API",
+    "DESCRIPTION": "Batch inference jobs, models, usage and API keys; plus an OpenAI-compatible Batch API under /v1/.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The docs page's assets are served from here, not a CDN: deployments may have no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.add_error_responses",
+    ],
+}
+# Uploaded inputs (REST and /v1/files) larger than this are refused with 413.
+BATCHERY_MAX_UPLOAD_BYTES = env_int("BATCHERY_MAX_UPLOAD_BYTES", 200 * 1024 * 1024, minimum=1)
+# Storage URI prefixes that API callers may name as a job input besides their own uploads
+# (comma-separated, e.g. "file:///srv/datasets,s3://datasets"). Empty: uploads only.
+BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
+# Uploads above this size spill from memory to a temporary file while they are received.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024

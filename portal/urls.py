@@ -5,7 +5,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -18,4 +20,15 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("api/v1/", include("portal.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
+        name="api-docs",
+    ),
+    path("v1/", include("portal.batches.urls")),
 ]
+
+handler404 = "portal.api.errors.page_not_found"
+handler500 = "portal.api.errors.server_error"

@@ -12,4 +12,11 @@ from tasks.config import celery_settings
 
 app = Celery("batchery")
 app.conf.update(celery_settings())
-app.conf.include = ["tasks.plan", "tasks.run_shard", "tasks.merge", "tasks.reconcile", "tasks.diagnostics"]
+app.conf.include = [
+    "tasks.plan",
+    "tasks.run_shard",
+    "tasks.merge",
+    "tasks.reconcile",
+    "tasks.diagnostics",
+    "tasks.finalize_batch",
+]

@@ -53,6 +53,12 @@ def declared_queues() -> list[str]:
     return [CONTROL_QUEUE, *env_list("BATCHERY_GPU_QUEUES", [f"{GPU_QUEUE_PREFIX}cpu"])]
 
 
+def message_priority(tenant_priority: int) -> int:
+    """The broker priority of a tenant's shards: tenants rank 0 (lowest) to 9 (highest); the Redis
+    transport serves 0 first, so the scale is turned round."""
+    return 9 - max(0, min(9, tenant_priority))
+
+
 def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
     """`gpu.<class>` for one GPU, `gpu.<class>.x<N>` for replicas that span N GPUs."""
     name = f"{GPU_QUEUE_PREFIX}{gpu_class}"
@@ -81,7 +87,12 @@ def celery_settings() -> dict[str, object]:
         "broker_url": broker_url(),
         "result_backend": result_backend_url(),
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        # Ten priority levels (Redis emulates them with one list per level; 0 is served first).
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "priority_steps": list(range(10)),
+            "queue_order_strategy": "priority",
+        },
         "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
         "result_expires": RESULT_EXPIRES_S,
         "result_extended": True,
@@ -110,6 +121,7 @@ def celery_settings() -> dict[str, object]:
             "batchery.plan_job": {"queue": CONTROL_QUEUE},
             "batchery.merge_job": {"queue": CONTROL_QUEUE},
             "batchery.reconcile": {"queue": CONTROL_QUEUE},
+            "batchery.finalize_batch": {"queue": CONTROL_QUEUE},
         },
         "beat_schedule": {
             "reconcile": {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from portal.jobs.models import Job, Shard
+from portal.jobs.models import Job, JobUsage, Shard
 
 
 class ShardInline(admin.TabularInline):
@@ -43,6 +43,22 @@ class ShardAdmin(admin.ModelAdmin):
     list_filter = ["status"]
     list_select_related = ["job"]
     readonly_fields = [field.name for field in Shard._meta.fields]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(JobUsage)
+class JobUsageAdmin(admin.ModelAdmin):
+    """The ledger, read-only: it is written when jobs end."""
+
+    list_display = ["job", "tenant", "model", "period", "status", "records_succeeded", "gpu_seconds"]
+    list_filter = ["period", "tenant", "model"]
+    list_select_related = ["tenant", "model"]
+    readonly_fields = [field.name for field in JobUsage._meta.fields]
 
     def has_add_permission(self, request: object) -> bool:
         return False

@@ -156,3 +156,26 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} -> {self.status} at {self.at:%H:%M:%S}"
+
+
+class JobUsage(models.Model):
+    """The ledger line of one job: what it used, written when it ends (and rewritten after a retry)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="usage")
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="usage")
+    model = models.ForeignKey("catalog.Model", on_delete=models.PROTECT, related_name="usage")
+    period = models.DateField(help_text="First day of the month the job ended in.")
+    status = models.CharField(max_length=20, choices=JobStatus.choices)
+    records_succeeded = models.PositiveBigIntegerField(default=0)
+    records_failed = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    gpu_seconds = models.FloatField(default=0.0, help_text="Shard load and compute time times GPUs per replica.")
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-recorded_at"]
+        indexes = [models.Index(fields=["tenant", "period"])]
+
+    def __str__(self) -> str:
+        return f"usage of {self.job_id}"

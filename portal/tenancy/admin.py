@@ -14,6 +14,7 @@ class MembershipInline(admin.TabularInline):
 class QuotaInline(admin.StackedInline):
     model = Quota
     can_delete = False
+    filter_horizontal = ["allowed_models", "allowed_gpu_classes"]
 
 
 @admin.register(Tenant)

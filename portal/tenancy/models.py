@@ -27,6 +27,9 @@ class Membership(models.Model):
         MEMBER = "member"
         VIEWER = "viewer"
 
+    # Each role may do what the roles after it may.
+    RANKS: dict[str, int] = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
@@ -47,6 +50,12 @@ class Quota(models.Model):
     max_queued_records = models.PositiveBigIntegerField(null=True, blank=True)
     max_input_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     gpu_seconds_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    allowed_models = models.ManyToManyField(
+        "catalog.Model", blank=True, related_name="+", help_text="Empty: every enabled model."
+    )
+    allowed_gpu_classes = models.ManyToManyField(
+        "catalog.GpuClass", blank=True, related_name="+", help_text="Empty: every GPU class."
+    )
 
     def __str__(self) -> str:
         return f"quota of {self.tenant}"

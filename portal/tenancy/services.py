@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import User
 from django.db import transaction
 
-from portal.tenancy.models import Quota, Tenant
+from portal.tenancy.models import Membership, Quota, Tenant
 
 
 def tenant_create(*, name: str, priority: int = 5) -> Tenant:
@@ -19,3 +20,46 @@ def tenant_create(*, name: str, priority: int = 5) -> Tenant:
 def tenant_get_or_create(*, name: str) -> Tenant:
     tenant = Tenant.objects.filter(name=name).first()
     return tenant if tenant is not None else tenant_create(name=name)
+
+
+class MembershipRefused(Exception):
+    """The change would break a rule about roles; the message says which."""
+
+
+def _check_may_touch(actor_role: str, *roles: str) -> None:
+    if Membership.Role.OWNER in roles and actor_role != Membership.Role.OWNER:
+        raise MembershipRefused("only an owner may grant, change or remove the owner role")
+
+
+def _check_keeps_an_owner(membership: Membership) -> None:
+    if membership.role == Membership.Role.OWNER:
+        owners = Membership.objects.filter(tenant_id=membership.tenant_id, role=Membership.Role.OWNER).count()
+        if owners <= 1:
+            raise MembershipRefused("a tenant keeps at least one owner")
+
+
+def membership_add(*, tenant: Tenant, username: str, role: str, actor_role: str) -> Membership:
+    """Add a user (created if new, without a password: they sign in once an operator sets one)."""
+    _check_may_touch(actor_role, role)
+    user, _ = User.objects.get_or_create(username=username)
+    if Membership.objects.filter(tenant=tenant, user=user).exists():
+        raise MembershipRefused(f"{username} is already a member of {tenant.name}")
+    return Membership.objects.create(tenant=tenant, user=user, role=role)
+
+
+def membership_set_role(*, membership: Membership, role: str, actor_role: str) -> Membership:
+    _check_may_touch(actor_role, role, membership.role)
+    with transaction.atomic():
+        locked = Membership.objects.select_for_update().get(pk=membership.pk)
+        if role != Membership.Role.OWNER:
+            _check_keeps_an_owner(locked)
+        locked.role = role
+        locked.save(update_fields=["role"])
+    return locked
+
+
+def membership_remove(*, membership: Membership, actor_role: str) -> None:
+    _check_may_touch(actor_role, membership.role)
+    with transaction.atomic():
+        _check_keeps_an_owner(Membership.objects.select_for_update().get(pk=membership.pk))
+        membership.delete()

@@ -1,9 +1,9 @@
 """Dispatch: a running job's pending shards become one Celery chord.
 
-Each shard task goes to the queue of its model's GPU class and size, with time limits derived from
-the model and the shard size; the chord's callback and its error callback are both `merge_job`, so
-a shard that fails for good still ends the job. Shards whose message was lost, or whose task was
-killed, are sent again the same way, each time with a new task id.
+Each shard task goes to the queue of its model's GPU class and size, with its tenant's priority and
+with time limits derived from the model and the shard size; the chord's callback and its error
+callback are both `merge_job`, so a shard that fails for good still ends the job. Shards whose
+message was lost, or whose task was killed, are sent again the same way, each time with a new task id.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from tasks.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, SHARD_MAX_DISPATCHES, gpu_queue
+from tasks.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, SHARD_MAX_DISPATCHES, gpu_queue, message_priority
 from tasks.formats.records import input_field_for
 from tasks.specs import ShardSpec
 
@@ -56,7 +56,7 @@ def job_dispatch(*, job_id: str) -> None:
     from tasks.merge import merge_job
     from tasks.run_shard import run_shard
 
-    job = Job.objects.select_related("model__gpu_class").get(pk=job_id)
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     if job.status != JobStatus.RUNNING:
         logger.info("job %s is %s; not dispatching", job_id, job.status)
         return
@@ -65,6 +65,7 @@ def job_dispatch(*, job_id: str) -> None:
         return
     shards = list(job.shards.filter(status=ShardStatus.PENDING).order_by("index"))
     queue = gpu_queue(job.model.gpu_class.name, job.model.gpus_per_replica)
+    priority = message_priority(job.tenant.priority)
     signatures = []
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
     # with no message, which the reconciler finds and sends again; the reverse would run shards the
@@ -82,6 +83,7 @@ def job_dispatch(*, job_id: str) -> None:
                         (shard_spec(job, shard).to_dict(),),
                         task_id=task_id,
                         queue=queue,
+                        priority=priority,
                         soft_time_limit=soft,
                         time_limit=hard,
                     )

@@ -8,7 +8,7 @@ line), and the job fails with those lines named; no shard is dispatched.
 from __future__ import annotations
 
 import logging
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -33,6 +33,10 @@ class PlannedShard:
     first_record: int
     record_count: int
     input_uri: str
+
+
+class ShardWriteAborted(Exception):
+    """Thrown into an open shard writer so that it discards what it holds."""
 
 
 class ShardWriter:
@@ -78,7 +82,11 @@ class ShardWriter:
         return self.shards
 
     def abort(self) -> None:
-        self._stack.close()
+        """Discard the shard being written: its writer exits with an error, so it never appears."""
+        aborted = ShardWriteAborted("planning stopped")
+        with suppress(ShardWriteAborted):
+            self._stack.__exit__(ShardWriteAborted, aborted, None)
+        self._handle = None
 
 
 def _cut_shards(job: Job, *, input_field: str, max_problems: int) -> tuple[JsonlCheck, list[PlannedShard]]:

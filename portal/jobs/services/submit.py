@@ -11,9 +11,9 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -22,8 +22,10 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from portal.catalog.models import Model
+from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.jobs.services.storage_layout import errors_uri, output_uri
+from portal.jobs.services.usage import gpu_seconds_used, month_of
 from portal.tenancy.models import Quota, Tenant
 from tasks.formats.jsonl import check_jsonl
 from tasks.formats.records import LineProblem, input_field_for
@@ -43,9 +45,14 @@ class SubmissionError(Exception):
 
 
 class QuotaExceeded(SubmissionError):
-    def __init__(self, *, quota: str, limit: int, current: int, requested: int) -> None:
+    """A limit of the tenant's quota refuses the job: `limit` is the limit, `current` the use so far."""
+
+    def __init__(
+        self, *, quota: str, limit: float | list[str], current: float | str, requested: float | str, message: str = ""
+    ) -> None:
         super().__init__(
-            f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}", field=quota
+            message or f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}",
+            field=quota,
         )
         self.quota = quota
         self.limit = limit
@@ -70,15 +77,39 @@ def normalize_input_uri(value: str) -> str:
     return value
 
 
-def _resolve_model(name: str, version: str | None) -> Model:
+def _resolve_model(tenant: Tenant, name: str, version: str | None) -> Model:
+    """The newest enabled model of that name (and version); refused if the tenant's quota excludes it."""
+    allowed = models_for_tenant(tenant)
     models = Model.objects.select_related("gpu_class").filter(name=name, enabled=True)
     if version:
         models = models.filter(version=version)
     model = models.order_by("-created_at").first()
     if model is None:
-        known = ", ".join(sorted(set(Model.objects.filter(enabled=True).values_list("name", flat=True))))
+        known = ", ".join(sorted(set(allowed.values_list("name", flat=True))))
         raise SubmissionError(f"no enabled model named {name!r}; available: {known or 'none'}", field="model")
+    if not allowed.filter(pk=model.pk).exists():
+        names = sorted(set(allowed.values_list("name", flat=True)))
+        quota = Quota.objects.get(tenant=tenant)
+        which = "allowed_models" if quota.allowed_models.exists() else "allowed_gpu_classes"
+        raise QuotaExceeded(
+            quota=which,
+            limit=names,
+            current=str(model),
+            requested=str(model),
+            message=f"quota {which}: model {model} is not allowed for this tenant; "
+            f"allowed: {', '.join(names) or 'none'}",
+        )
     return model
+
+
+def input_allowed(uri: str, roots: Sequence[str]) -> bool:
+    """True if `uri` lies under one of `roots` (URI prefixes); `..` cannot climb out of a root."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        uri = Path(unquote(parsed.path)).resolve().as_uri()
+    elif ".." in PurePosixPath(parsed.path).parts:
+        return False
+    return any(uri == root.rstrip("/") or uri.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def _check_input(input_uri: str, *, input_field: str) -> InputCheck:
@@ -130,6 +161,17 @@ def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> 
             raise QuotaExceeded(
                 quota="max_concurrent_jobs", limit=quota.max_concurrent_jobs, current=running, requested=1
             )
+    if quota.gpu_seconds_per_month is not None:
+        used = gpu_seconds_used(tenant_id=tenant.pk, period=month_of(timezone.now()))
+        if used >= quota.gpu_seconds_per_month:
+            raise QuotaExceeded(
+                quota="gpu_seconds_per_month",
+                limit=quota.gpu_seconds_per_month,
+                current=round(used, 1),
+                requested=0,
+                message=f"quota gpu_seconds_per_month exhausted: limit {quota.gpu_seconds_per_month}, "
+                f"used {used:.1f} this month",
+            )
     if quota.max_queued_records is not None and records is not None:
         queued = active.aggregate(total=Sum("total_records"))["total"] or 0
         if queued + records > quota.max_queued_records:
@@ -148,15 +190,28 @@ def job_submit(
     params: Mapping[str, Any] | None = None,
     shard_size: int | None = None,
     deadline_seconds: float | None = None,
+    input_roots: Sequence[str] | None = None,
+    task: str | None = None,
 ) -> Job:
-    """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines)."""
-    model = _resolve_model(model_name, model_version)
+    """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines).
+
+    `input_roots`, when given, confines the input to those URI prefixes: callers acting for a tenant
+    (the API) pass them; the operators' CLI does not. `task`, when given, is the task the model must
+    serve (an OpenAI endpoint needs one).
+    """
+    model = _resolve_model(tenant, model_name, model_version)
+    if task is not None and model.task != task:
+        raise SubmissionError(
+            f"model {model.name!r} serves task {model.task!r}; this needs a {task!r} model", field="model"
+        )
     job_params = _check_params(params)
     if shard_size is not None and shard_size < 1:
         raise SubmissionError("shard_size must be a positive number of records", field="shard_size")
     if deadline_seconds is not None and deadline_seconds <= 0:
         raise SubmissionError("the deadline must be a positive number of seconds", field="deadline_seconds")
     uri = normalize_input_uri(input_uri)
+    if input_roots is not None and not input_allowed(uri, input_roots):
+        raise SubmissionError(f"the input {uri} is outside the locations this tenant may read", field="input")
     checked = _check_input(uri, input_field=input_field_for(model.task))
     records = checked.records if checked.records is not None else _estimate_records(uri, checked.size)
 

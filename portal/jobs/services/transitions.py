@@ -1,7 +1,8 @@
 """Job status changes, each a conditional UPDATE: zero rows changed means someone got there first.
 
 Callers name the edge they mean (`source` → `target`); an edge that `Job.TRANSITIONS` does not allow
-is a programming error and raises.
+is a programming error and raises. A job that ends gets its usage ledger line in the same
+transaction, and `job_ended` is sent once that transaction commits.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
+from portal.jobs.signals import job_ended
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +35,19 @@ def job_transition(*, job_id: str, source: str | Collection[str], target: str, *
         )
         if moved:
             JobEvent.objects.create(job_id=job_id, status=target)
+            if target in FINAL_STATUSES:
+                _job_ended(job_id, target)
     if not moved:
         current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
         logger.info("job %s not moved to %s: it is %s", job_id, target, current or "gone")
     return bool(moved)
+
+
+def _job_ended(job_id: str, status: str) -> None:
+    from portal.jobs.services.usage import usage_record
+
+    usage_record(job_id=job_id)
+    transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, status=status))
 
 
 def job_fail(*, job_id: str, reason: str, source: str | Collection[str] | None = None) -> bool:

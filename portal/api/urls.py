@@ -1,0 +1,21 @@
+"""Routes of /api/v1/ (namespace `api`)."""
+
+from __future__ import annotations
+
+from rest_framework.routers import DefaultRouter
+
+from portal.api.views.catalog import CatalogModelViewSet
+from portal.api.views.jobs import JobViewSet
+from portal.api.views.members import ApiKeyViewSet, MembershipViewSet
+from portal.api.views.usage import UsageViewSet
+
+router = DefaultRouter()
+router.include_root_view = False
+router.register("jobs", JobViewSet, basename="job")
+router.register("models", CatalogModelViewSet, basename="model")
+router.register("usage", UsageViewSet, basename="usage")
+router.register("api-keys", ApiKeyViewSet, basename="apikey")
+router.register("members", MembershipViewSet, basename="member")
+
+app_name = "api"
+urlpatterns = router.urls

@@ -1,0 +1,121 @@
+"""/api/v1/jobs/: submit (upload or URI), list with filters, read with live progress, cancel, retry, download."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.api.access import request_access, request_user
+from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
+from portal.api.errors import conflict, submission_refused
+from portal.api.filters import JobFilter
+from portal.api.scoping import TenantScopedMixin
+from portal.api.serializers import JobCreateSerializer, JobSerializer
+from portal.api.uploads import refuse_oversized_request, store_upload
+from portal.jobs.models import Job
+from portal.jobs.services.retry import CannotRetry, job_retry
+from portal.jobs.services.stop import CannotStop, job_cancel
+from portal.jobs.services.submit import SubmissionError, job_submit
+from portal.jobs.services.uploads import uploads_root
+from tasks.storage import StorageError, store_for
+
+ERROR_RESPONSES = {
+    400: OpenApiResponse(description="Invalid request; `error.fields` and `error.lines` name the problems."),
+    401: OpenApiResponse(description="No valid API key or session."),
+    403: OpenApiResponse(description="Your role does not allow this."),
+    404: OpenApiResponse(description="No such job in your tenant."),
+}
+
+
+class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = Job.objects.select_related("model").all()
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    @extend_schema(
+        request={"multipart/form-data": JobCreateSerializer, "application/json": JobCreateSerializer},
+        responses={
+            201: JobSerializer,
+            **ERROR_RESPONSES,
+            413: OpenApiResponse(description="The upload is over the size limit."),
+            429: OpenApiResponse(description="A quota refuses the job; `error.quota` names it, its limit and use."),
+        },
+    )
+    def create(self, request: Request) -> Response:
+        refuse_oversized_request(request)
+        form = JobCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        access = request_access(request)
+        input_field = "file" if "file" in data else "input_uri"
+        input_uri = store_upload(access.tenant, data["file"]) if "file" in data else data["input_uri"]
+        try:
+            job = job_submit(
+                tenant=access.tenant,
+                user=request_user(request),
+                model_name=data["model"],
+                model_version=data.get("model_version"),
+                input_uri=input_uri,
+                params=data.get("params"),
+                shard_size=data.get("shard_size"),
+                deadline_seconds=data.get("deadline_seconds"),
+                input_roots=[*settings.BATCHERY_INPUT_ROOTS, uploads_root(access.tenant.pk)],
+            )
+        except SubmissionError as exc:
+            if "file" in data:
+                store_for(input_uri).delete_prefix(input_uri)
+            raise submission_refused(exc, field=input_field if exc.field == "input" else None) from None
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Already ended.")})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        try:
+            job = job_cancel(job=self.get_object())
+        except CannotStop as exc:
+            raise conflict(str(exc)) from None
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Nothing to retry.")})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str) -> Response:
+        try:
+            job = job_retry(job=self.get_object())
+        except CannotRetry as exc:
+            raise conflict(str(exc)) from None
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    def _download(self, job: Job, uri: str, name: str) -> StreamingHttpResponse:
+        if not job.is_finished or not job.shard_count:
+            raise conflict(f"job {job.id} is {job.status}; its files exist once it has ended")
+        try:
+            return stream_object(uri, filename=f"{job.id}-{name}.jsonl")
+        except StorageError as exc:
+            raise conflict(f"the {name} file of job {job.id} cannot be read: {exc}") from None
+
+    @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
+    @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)
+    def output(self, request: Request, pk: str) -> StreamingHttpResponse:
+        """The output file: one line per input record, in input order."""
+        job = self.get_object()
+        return self._download(job, job.output_uri, "output")
+
+    @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
+    @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)
+    def errors(self, request: Request, pk: str) -> StreamingHttpResponse:
+        """The error file: the lines of the records that failed."""
+        job = self.get_object()
+        return self._download(job, job.errors_uri, "errors")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "request": self.request}

@@ -1,0 +1,97 @@
+"""/api/v1/api-keys/ and /api/v1/members/: for the tenant's admins."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.api.access import request_access
+from portal.api.errors import conflict
+from portal.api.scoping import TenantScopedMixin
+from portal.api.serializers import (
+    ApiKeyCreatedSerializer,
+    ApiKeySerializer,
+    MembershipRoleSerializer,
+    MembershipSerializer,
+)
+from portal.tenancy.apikeys import apikey_create, apikey_revoke
+from portal.tenancy.models import ApiKey, Membership
+from portal.tenancy.services import MembershipRefused, membership_add, membership_remove, membership_set_role
+
+ADMIN_ONLY = {"*": Membership.Role.ADMIN}
+
+
+class ApiKeyViewSet(
+    TenantScopedMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """The tenant's keys. Creating one returns the key once; deleting one revokes it."""
+
+    queryset = ApiKey.objects.select_related("user").all()
+    serializer_class = ApiKeySerializer
+    required_roles = ADMIN_ONLY
+
+    @extend_schema(request=ApiKeySerializer, responses={201: ApiKeyCreatedSerializer})
+    def create(self, request: Request) -> Response:
+        form = ApiKeySerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        user = request.user
+        assert isinstance(user, User)
+        key, plaintext = apikey_create(
+            tenant=request_access(request).tenant,
+            user=user,
+            name=form.validated_data.get("name", ""),
+            expires_at=form.validated_data.get("expires_at"),
+        )
+        body = ApiKeyCreatedSerializer(key).data
+        body["key"] = plaintext
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: ApiKey) -> None:
+        apikey_revoke(key=instance)
+
+
+class MembershipViewSet(TenantScopedMixin, viewsets.ModelViewSet):
+    queryset = Membership.objects.select_related("user").all()
+    serializer_class = MembershipSerializer
+    required_roles = ADMIN_ONLY
+    http_method_names = ["get", "post", "patch", "delete"]
+
+    def create(self, request: Request) -> Response:
+        form = MembershipSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        access = request_access(request)
+        try:
+            membership = membership_add(
+                tenant=access.tenant,
+                username=form.validated_data["user"]["username"],
+                role=form.validated_data.get("role", Membership.Role.MEMBER),
+                actor_role=access.role,
+            )
+        except MembershipRefused as exc:
+            raise conflict(str(exc)) from None
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MembershipRoleSerializer, responses=MembershipSerializer)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        form = MembershipRoleSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            membership = membership_set_role(
+                membership=self.get_object(), role=form.validated_data["role"], actor_role=request_access(request).role
+            )
+        except MembershipRefused as exc:
+            raise conflict(str(exc)) from None
+        return Response(MembershipSerializer(membership).data)
+
+    def perform_destroy(self, instance: Membership) -> None:
+        try:
+            membership_remove(membership=instance, actor_role=request_access(self.request).role)
+        except MembershipRefused as exc:
+            raise conflict(str(exc)) from None

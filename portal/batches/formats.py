@@ -1,0 +1,551 @@
+"""OpenAI Batch API files to and from Batchery job files: the pure conversions behind ``/v1/batches``.
+
+An OpenAI batch input file holds one request a line, ``{"custom_id", "method": "POST", "url", "body"}``,
+each body a whole request to the batch's endpoint. A Batchery job runs one model with one set of params
+over records ``{"custom_id", <input field>}``. `convert_requests` checks an uploaded file against the
+batch's endpoint, splits each body into the model, the record's input and the job's params, and writes
+the job's input; a file whose lines disagree on the model or the params is refused, since a job cannot
+honour them. `convert_outputs` turns the job's output into OpenAI's output and error files, with the
+response bodies of OpenAI's endpoints (``CreateEmbeddingResponse``, ``ChatCompletion``, ``Completion``).
+
+No Django here: the views and tasks hand these functions open files.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import orjson
+
+
+@dataclass(frozen=True)
+class BatchEndpoint:
+    """An OpenAI endpoint a batch may target, and the Batchery model task that serves it."""
+
+    url: str
+    """The endpoint as OpenAI names it, e.g. ``/v1/embeddings``."""
+    task: str
+    """The model task that runs its requests."""
+    input_field: str
+    """The body field holding the request's input; a Batchery record of the task reads the same field."""
+
+
+ENDPOINTS: Mapping[str, BatchEndpoint] = {
+    endpoint.url: endpoint
+    for endpoint in (
+        BatchEndpoint("/v1/embeddings", "embed", "input"),
+        BatchEndpoint("/v1/completions", "generate", "prompt"),
+        BatchEndpoint("/v1/chat/completions", "chat", "messages"),
+    )
+}
+
+
+class UnsupportedEndpoint(ValueError):
+    """A batch endpoint Batchery does not serve."""
+
+
+def endpoint_for(url: str) -> BatchEndpoint:
+    try:
+        return ENDPOINTS[url]
+    except KeyError:
+        raise UnsupportedEndpoint(
+            f"endpoint {url!r} is not supported for batches; supported: {', '.join(ENDPOINTS)}"
+        ) from None
+
+
+EMBEDDING_ENCODINGS = ("float", "base64")
+"""The ``encoding_format`` values of ``/v1/embeddings``."""
+
+SHOWN_STRING_CHARS = 60
+"""Characters of a wrong string value quoted in a problem's message."""
+
+
+@dataclass(frozen=True)
+class RequestProblem:
+    """One bad line of a batch input file (or the whole file, for ``empty_file``)."""
+
+    line: int | None
+    """1-based physical line number; None when the problem is the file as a whole."""
+    code: str
+    """What kind of problem, e.g. ``invalid_json``, ``mixed_models``."""
+    message: str
+    """What is wrong, for a person, naming the field."""
+    param: str | None = None
+    """The field at fault, e.g. ``body.model``, when there is one."""
+
+    def __str__(self) -> str:
+        return self.message if self.line is None else f"line {self.line}: {self.message}"
+
+
+@dataclass
+class RequestConversion:
+    """The outcome of converting a batch input file: what the job runs, and what is wrong with the file."""
+
+    model: str | None = None
+    """The model every request names (None when no line was good)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The job's params: every body field but the model and the input, the same on every line."""
+    records: int = 0
+    """Good lines, each written as a record."""
+    problems: list[RequestProblem] = field(default_factory=list)
+    """The first problems, in line order (at most ``max_problems``)."""
+    problem_count: int = 0
+    """All problems: bad lines, or one for an empty file."""
+
+    @property
+    def ok(self) -> bool:
+        """The file can run: no problem at all (then it has at least one record)."""
+        return self.problem_count == 0
+
+    def _add(self, problem: RequestProblem, max_problems: int) -> None:
+        self.problem_count += 1
+        if len(self.problems) < max_problems:
+            self.problems.append(problem)
+
+
+def convert_requests(
+    source: Iterable[bytes],
+    target: BinaryIO,
+    *,
+    endpoint: str,
+    max_problems: int = 20,
+    max_line_bytes: int,
+) -> RequestConversion:
+    """Check an OpenAI batch input file and write its requests to ``target`` as Batchery records.
+
+    ``source`` gives the file's bytes in order, as lines or as pieces of them: a piece without a newline
+    is continued by the next, so ``iter(partial(stream.readline, max_line_bytes + 1), b"")`` keeps even
+    an enormous line from being held whole; a line over ``max_line_bytes`` (newline excluded) is a
+    problem. Blank lines are skipped, and still counted in line numbers. Memory is bounded apart from
+    the custom_ids, kept to find duplicates.
+
+    Good lines are written as they come, even when other lines are bad: the caller keeps ``target``
+    only when the result is `RequestConversion.ok`. Raises `UnsupportedEndpoint` before reading anything.
+    """
+    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes)
+    result = RequestConversion()
+    seen_line = False
+    for line_no, raw in _numbered_lines(source, max_line_bytes):
+        if raw is not None and not raw.strip():
+            continue
+        seen_line = True
+        checked = checker.check(line_no, raw)
+        if isinstance(checked, RequestProblem):
+            result._add(checked, max_problems)
+            continue
+        target.write(checked)
+        result.records += 1
+    if not seen_line:
+        result._add(RequestProblem(None, "empty_file", "the file holds no request"), max_problems)
+    if checker.reference is not None:
+        result.model, result.params = checker.reference.model, checker.reference.params
+    return result
+
+
+def problems_to_openai_errors(problems: Iterable[RequestProblem]) -> dict[str, Any]:
+    """The problems as a batch's ``errors`` object: ``{"object": "list", "data": [{code, message, param, line}]}``."""
+    return {
+        "object": "list",
+        "data": [
+            {"code": problem.code, "message": problem.message, "param": problem.param, "line": problem.line}
+            for problem in problems
+        ],
+    }
+
+
+def _numbered_lines(source: Iterable[bytes], max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, line)`` for each line of the pieces, without its newline; None for a line too long."""
+    line_no = 0
+    pending = bytearray()
+    too_long = False
+    for chunk in source:
+        *ends, rest = chunk.split(b"\n")
+        for end in ends:
+            line_no += 1
+            if too_long or len(pending) + len(end) > max_line_bytes:
+                yield line_no, None
+            else:
+                # Joining only when the line came in pieces: a line read whole is passed on uncopied.
+                yield line_no, bytes(pending) + end if pending else end
+            pending.clear()
+            too_long = False
+        if too_long:
+            continue
+        if len(pending) + len(rest) > max_line_bytes:
+            # Forget the line's start: only its end, where the next line begins, still matters.
+            pending.clear()
+            too_long = True
+        else:
+            pending += rest
+    if pending or too_long:
+        yield line_no + 1, None if too_long else bytes(pending)
+
+
+class _BadLine(Exception):
+    """Raised while checking a line: its problem, but for the line number."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The first good line: every other line must name its model and repeat its params."""
+
+    line: int
+    model: str
+    params: dict[str, Any]
+
+
+class _RequestChecker:
+    """Checks lines one by one, remembering the custom_ids seen and the first good line."""
+
+    def __init__(self, endpoint: BatchEndpoint, max_line_bytes: int) -> None:
+        self.endpoint = endpoint
+        self.max_line_bytes = max_line_bytes
+        self.reference: _Reference | None = None
+        self._first_lines: dict[str, int] = {}
+
+    def check(self, line: int, raw: bytes | None) -> bytes | RequestProblem:
+        """The line's Batchery record, newline-terminated, or its first problem; None stands for a line too long."""
+        try:
+            if raw is None:
+                raise _BadLine("line_too_long", f"the line is longer than {self.max_line_bytes} bytes")
+            return self._record(line, raw)
+        except _BadLine as bad:
+            return RequestProblem(line, bad.code, bad.message, bad.param)
+
+    def _record(self, line: int, raw: bytes) -> bytes:
+        try:
+            request = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise _BadLine("invalid_json", f"the line is not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(request, dict):
+            raise _BadLine("invalid_json", f"the line must be a JSON object, not {_shown(request)}")
+        custom_id = self._custom_id(line, request.get("custom_id"))
+        if request.get("method") != "POST":
+            raise _BadLine("invalid_method", _must("method", "'POST'", request.get("method")), "method")
+        if request.get("url") != self.endpoint.url:
+            expected = f"the batch's endpoint {self.endpoint.url!r}"
+            raise _BadLine("invalid_url", _must("url", expected, request.get("url")), "url")
+        body = request.get("body")
+        if not isinstance(body, dict):
+            raise _BadLine("missing_body", _must("body", "a JSON object", body), "body")
+        model = self._model(body.get("model"))
+        value = _record_input(self.endpoint, body)
+        params = {key: item for key, item in body.items() if key not in ("model", self.endpoint.input_field)}
+        if self.reference is None:
+            _check_params(self.endpoint, params)
+            self.reference = _Reference(line, model, params)
+        elif params != self.reference.params:
+            raise _mixed_params(self.reference, params)
+        return orjson.dumps(
+            {"custom_id": custom_id, self.endpoint.input_field: value}, option=orjson.OPT_APPEND_NEWLINE
+        )
+
+    def _custom_id(self, line: int, custom_id: Any) -> str:
+        if not isinstance(custom_id, str) or not custom_id:
+            raise _BadLine("missing_custom_id", _must("custom_id", "a non-empty string", custom_id), "custom_id")
+        # Every well-formed id is taken, even on a line bad otherwise: a duplicate is named whatever else is wrong.
+        first = self._first_lines.setdefault(custom_id, line)
+        if first != line:
+            message = f"custom_id {custom_id!r} is already used on line {first}; each request needs its own"
+            raise _BadLine("duplicate_custom_id", message, "custom_id")
+        return custom_id
+
+    def _model(self, model: Any) -> str:
+        if not isinstance(model, str) or not model:
+            raise _BadLine("missing_model", _must("body.model", "a model's name", model), "body.model")
+        reference = self.reference
+        if reference is not None and model != reference.model:
+            message = (
+                f"body.model is {model!r}, but line {reference.line} names {reference.model!r}; "
+                "a batch runs one model, so every request must name the same"
+            )
+            raise _BadLine("mixed_models", message, "body.model")
+        return model
+
+
+def _record_input(endpoint: BatchEndpoint, body: dict[str, Any]) -> Any:
+    """The record's input from the request body."""
+    name = f"body.{endpoint.input_field}"
+    if endpoint.input_field not in body:
+        raise _BadLine("missing_input", f"{name} is missing: an {endpoint.url} request needs one", name)
+    value = body[endpoint.input_field]
+    if endpoint.task == "chat":
+        if not _is_conversation(value):
+            message = (
+                f"{name} must be a non-empty list of messages, each an object with a string 'role' "
+                "and a 'content' (a string or a list of parts)"
+            )
+            raise _BadLine("invalid_input", message, name)
+        return value
+    # Embeddings and completions take a text; Batchery runs one text a record, so a list of one is unwrapped.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        if len(value) == 1:
+            return value[0]
+        message = (
+            f"{name} holds {len(value)} texts, but Batchery runs one text a request: "
+            "give each text its own line and custom_id"
+        )
+        raise _BadLine("invalid_input", message, name)
+    raise _BadLine("invalid_input", _must(name, "a string (or a list of one string)", value), name)
+
+
+def _is_conversation(messages: Any) -> bool:
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str | list)
+            for message in messages
+        )
+    )
+
+
+def _check_params(endpoint: BatchEndpoint, params: dict[str, Any]) -> None:
+    """Refuse a param `convert_outputs` could not honour; checked on the first good line, the others repeat it."""
+    encoding = params.get("encoding_format")
+    if endpoint.task == "embed" and encoding is not None and encoding not in EMBEDDING_ENCODINGS:
+        message = _must("body.encoding_format", "'float' or 'base64'", encoding)
+        raise _BadLine("invalid_param", message, "body.encoding_format")
+
+
+def _mixed_params(reference: _Reference, params: dict[str, Any]) -> _BadLine:
+    absent = object()
+    differing = sorted(
+        key
+        for key in params.keys() | reference.params.keys()
+        if params.get(key, absent) != reference.params.get(key, absent)
+    )
+    message = (
+        f"body differs from line {reference.line}'s in {', '.join(differing)}; "
+        "a batch runs every request with one set of parameters"
+    )
+    return _BadLine("mixed_params", message, f"body.{differing[0]}")
+
+
+def _must(name: str, expected: str, value: Any) -> str:
+    """The message for a field that is missing, or holds something else than ``expected``."""
+    if value is None:
+        return f"{name} is missing; it must be {expected}"
+    return f"{name} must be {expected}, not {_shown(value)}"
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for a message: scalars as given (long strings cut), objects and lists by their kind."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    if isinstance(value, str) and len(value) > SHOWN_STRING_CHARS:
+        return repr(value[:SHOWN_STRING_CHARS]) + "..."
+    if value is None or isinstance(value, bool):
+        return orjson.dumps(value).decode()  # null, true, false: as the file spells them
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class OutputCounts:
+    """Requests written to the output file (``completed``) and to the error file (``failed``)."""
+
+    completed: int
+    failed: int
+
+
+STOPPED_BATCH_ERRORS: Mapping[str, tuple[str, str]] = {
+    "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+}
+"""Batchery's codes for records that never ran, to OpenAI's ``(code, message)``: these get no response."""
+
+CLIENT_ERROR_CODES = frozenset({"engine_error"})
+"""Record failures that are the request's fault, answered with status 400: the engine raised on the record
+when it ran alone (a bad input or param). Any other failure (``out_of_memory``, ``poison_record``,
+``shard_failed``...) is the server's: status 500."""
+
+UNLIKELY_LOGPROB = -9999.0
+"""OpenAI's logprob for a token outside the likeliest ones; stands in where the engine has none."""
+
+
+def convert_outputs(
+    source: Iterable[bytes],
+    output: BinaryIO,
+    errors: BinaryIO,
+    *,
+    endpoint: str,
+    model: str,
+    batch_id: str,
+    created: int,
+    encoding_format: str = "float",
+) -> OutputCounts:
+    """Write a Batchery job's output lines as OpenAI's batch output (successes) and error (failures) files.
+
+    ``model`` is the name the requests gave, ``created`` the Unix time given to each completion, and
+    ``encoding_format`` the embeddings' (the job's param: ``float`` or ``base64``). Every id is derived
+    from ``batch_id`` and the custom_id, so converting the same output twice gives the same files.
+    Raises `UnsupportedEndpoint`, or ValueError for another ``encoding_format``, before reading anything.
+    """
+    task = endpoint_for(endpoint).task
+    if encoding_format not in EMBEDDING_ENCODINGS:
+        raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
+    completed = failed = 0
+    for raw in source:
+        if not raw.strip():
+            continue
+        record = orjson.loads(raw)
+        custom_id = record["custom_id"]
+        line: dict[str, Any] = {
+            "id": "batch_req_" + _derived_id("batch_req", batch_id, custom_id),
+            "custom_id": custom_id,
+        }
+        request_id = _derived_id("request", batch_id, custom_id)
+        if record.get("error") is None:
+            body = _response_body(task, record["response"], model, created, _derived_id(task, batch_id, custom_id))
+            if task == "embed" and encoding_format == "base64":
+                body["data"][0]["embedding"] = _base64_floats(body["data"][0]["embedding"])
+            line.update(response={"status_code": 200, "request_id": request_id, "body": body}, error=None)
+            output.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+            completed += 1
+            continue
+        line.update(_failure(record["error"], request_id))
+        errors.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+        failed += 1
+    return OutputCounts(completed=completed, failed=failed)
+
+
+def _derived_id(kind: str, batch_id: str, custom_id: str) -> str:
+    """32 hex digits from the batch and the request: stable across conversions, distinct per kind of id."""
+    return hashlib.sha256(orjson.dumps([kind, batch_id, custom_id])).hexdigest()[:32]
+
+
+def _failure(error: Mapping[str, Any], request_id: str) -> dict[str, Any]:
+    """The ``response`` and ``error`` of a failed request's line."""
+    code, message = str(error.get("code")), str(error.get("message", ""))
+    if code in STOPPED_BATCH_ERRORS:
+        openai_code, openai_message = STOPPED_BATCH_ERRORS[code]
+        return {"response": None, "error": {"code": openai_code, "message": openai_message}}
+    client_fault = code in CLIENT_ERROR_CODES
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if client_fault else "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    response = {"status_code": 400 if client_fault else 500, "request_id": request_id, "body": body}
+    return {"response": response, "error": None}
+
+
+def _response_body(task: str, response: Mapping[str, Any], model: str, created: int, ident: str) -> dict[str, Any]:
+    """The OpenAI response body for one engine response of the task."""
+    usage = response["usage"]
+    prompt_tokens = int(usage["prompt_tokens"])
+    if task == "embed":
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": response["embedding"]}],
+            "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+    completion_tokens = int(usage["completion_tokens"])
+    # The engine lists every sample in "choices" only when there are several; one sample is the response itself.
+    samples = response.get("choices") or [{**response, "index": 0}]
+    if task == "chat":
+        choices = [_chat_choice(sample) for sample in samples]
+        prefix, kind = "chatcmpl-", "chat.completion"
+    else:
+        choices = [_text_choice(sample) for sample in samples]
+        prefix, kind = "cmpl-", "text_completion"
+    return {
+        "id": prefix + ident,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _chat_choice(sample: Mapping[str, Any]) -> dict[str, Any]:
+    logprobs = sample.get("logprobs")
+    return {
+        "index": sample["index"],
+        "message": {"role": "assistant", "content": sample["text"], "refusal": None},
+        "finish_reason": sample["finish_reason"],
+        "logprobs": None if logprobs is None else {"content": _chat_logprobs(logprobs["content"]), "refusal": None},
+    }
+
+
+def _chat_logprobs(content: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    # No "bytes": the engine gives decoded text, and a token cut inside a character has no faithful bytes.
+    return [
+        {
+            "token": entry["token"],
+            "logprob": _logprob(entry["logprob"]),
+            "bytes": None,
+            "top_logprobs": [
+                {"token": top["token"], "logprob": _logprob(top["logprob"]), "bytes": None}
+                for top in entry["top_logprobs"]
+            ],
+        }
+        for entry in content
+    ]
+
+
+def _text_choice(sample: Mapping[str, Any]) -> dict[str, Any]:
+    logprobs = sample.get("logprobs")
+    return {
+        "text": sample["text"],
+        "index": sample["index"],
+        "finish_reason": sample["finish_reason"],
+        "logprobs": None if logprobs is None else _text_logprobs(logprobs["content"]),
+    }
+
+
+def _text_logprobs(content: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The engine's per-token logprobs (chat's shape) in the completions endpoint's column shape.
+
+    ``text_offset`` counts characters from the start of the completion, as vLLM's OpenAI server does.
+    """
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+    offset = 0
+    for entry in content:
+        tokens.append(entry["token"])
+        token_logprobs.append(_logprob(entry["logprob"]))
+        top_logprobs.append({top["token"]: _logprob(top["logprob"]) for top in entry["top_logprobs"]})
+        text_offset.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
+def _logprob(value: float | None) -> float:
+    return UNLIKELY_LOGPROB if value is None else float(value)
+
+
+def _base64_floats(values: list[float]) -> str:
+    """An embedding as OpenAI's ``base64`` encoding gives it: little-endian float32s."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")

@@ -1,0 +1,56 @@
+"""OpenAI's Batch API objects, kept beside the Batchery job each batch runs as.
+
+A batch's status, counts and timestamps are read from its job; the batch row holds only what OpenAI
+has and Batchery does not: the endpoint, the window, the metadata, the validation errors and the
+output files in OpenAI's line format.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class File(models.Model):
+    class Purpose(models.TextChoices):
+        BATCH = "batch"
+        BATCH_OUTPUT = "batch_output"
+
+    id = models.CharField(max_length=40, primary_key=True)
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.CASCADE, related_name="files")
+    purpose = models.CharField(max_length=20, choices=Purpose.choices)
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveBigIntegerField()
+    uri = models.CharField(max_length=1000)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.filename})"
+
+
+class Batch(models.Model):
+    id = models.CharField(max_length=40, primary_key=True)
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.CASCADE, related_name="batches")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    endpoint = models.CharField(max_length=50)
+    completion_window = models.CharField(max_length=10)
+    metadata = models.JSONField(null=True, blank=True)
+    input_file_id = models.CharField(max_length=40, help_text="Kept if the file is deleted later, as OpenAI does.")
+    job = models.OneToOneField("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="batch")
+    validation_errors = models.JSONField(
+        null=True, blank=True, help_text="OpenAI's `errors` object when the input was refused; the batch failed."
+    )
+    output_file = models.ForeignKey(File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    error_file = models.ForeignKey(File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finalized_at = models.DateTimeField(null=True, blank=True, help_text="When the output files were written.")
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,116 @@
+"""Batches and files as OpenAI's API shows them: statuses, counts and timestamps read off the job."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from portal.batches.models import Batch, File
+from portal.jobs.models import Job, JobStatus
+from portal.jobs.selectors import job_progress
+
+# Job statuses while a batch runs, as OpenAI names them.
+RUNNING_STATUSES: dict[str, str] = {
+    JobStatus.QUEUED: "validating",
+    JobStatus.PLANNING: "validating",
+    JobStatus.RUNNING: "in_progress",
+    JobStatus.MERGING: "finalizing",
+    JobStatus.CANCELLING: "cancelling",
+}
+# Job endings once the output files are written; until then the batch is still finalizing (or cancelling).
+ENDED_STATUSES: dict[str, str] = {
+    JobStatus.SUCCEEDED: "completed",
+    JobStatus.PARTIALLY_SUCCEEDED: "completed",
+    JobStatus.EXPIRED: "expired",
+    JobStatus.CANCELLED: "cancelled",
+}
+
+
+def _seconds(moment: dt.datetime | None) -> int | None:
+    return int(moment.timestamp()) if moment is not None else None
+
+
+def batch_status(batch: Batch) -> str:
+    job = batch.job
+    if batch.validation_errors is not None or job is None:
+        return "failed"
+    if job.status in RUNNING_STATUSES:
+        return RUNNING_STATUSES[job.status]
+    if batch.finalized_at is None:
+        return "cancelling" if job.status == JobStatus.CANCELLED else "finalizing"
+    if job.status == JobStatus.FAILED:
+        # Requests that ran and all failed make a completed batch with an error file, as at OpenAI;
+        # a job that failed before running any (its input refused by the planner) fails the batch.
+        return "completed" if job.shard_count else "failed"
+    return ENDED_STATUSES[job.status]
+
+
+def _request_counts(job: Job | None) -> dict[str, int]:
+    if job is None:
+        return {"total": 0, "completed": 0, "failed": 0}
+    if job.is_finished:
+        return {
+            "total": job.total_records or 0,
+            "completed": job.succeeded_records,
+            "failed": job.failed_records,
+        }
+    progress = job_progress(job)
+    return {"total": progress.total or 0, "completed": progress.done - progress.failed, "failed": progress.failed}
+
+
+def _errors(batch: Batch, status: str) -> dict[str, Any] | None:
+    if batch.validation_errors is not None:
+        return dict(batch.validation_errors)
+    if status == "failed" and batch.job is not None:
+        return {
+            "object": "list",
+            "data": [{"code": "invalid_input", "message": batch.job.error, "param": None, "line": None}],
+        }
+    return None
+
+
+def batch_object(batch: Batch) -> dict[str, Any]:
+    """The batch as OpenAI's `Batch` object."""
+    status = batch_status(batch)
+    job = batch.job
+    reached = {event.status: event.at for event in job.events.all()} if job is not None else {}
+    ended_at = batch.finalized_at if status in ("completed", "failed", "expired", "cancelled") else None
+    window_hours = int(batch.completion_window.rstrip("h"))
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": job.model.name if job is not None else None,
+        "errors": _errors(batch, status),
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _seconds(batch.created_at),
+        "in_progress_at": _seconds(reached.get(JobStatus.RUNNING)),
+        "expires_at": _seconds(batch.created_at + dt.timedelta(hours=window_hours)),
+        "finalizing_at": _seconds(reached.get(JobStatus.MERGING)),
+        "completed_at": _seconds(ended_at) if status == "completed" else None,
+        "failed_at": _seconds(ended_at or batch.created_at) if status == "failed" else None,
+        "expired_at": _seconds(ended_at) if status == "expired" else None,
+        "cancelling_at": _seconds(reached.get(JobStatus.CANCELLING) or reached.get(JobStatus.CANCELLED)),
+        "cancelled_at": _seconds(ended_at) if status == "cancelled" else None,
+        "request_counts": _request_counts(job),
+        "metadata": batch.metadata,
+    }
+
+
+def file_object(file: File) -> dict[str, Any]:
+    """The file as OpenAI's `FileObject`."""
+    return {
+        "id": file.id,
+        "object": "file",
+        "bytes": file.bytes,
+        "created_at": _seconds(file.created_at),
+        "filename": file.filename,
+        "purpose": file.purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }

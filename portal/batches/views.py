@@ -1,0 +1,203 @@
+"""OpenAI's Batch API (`/v1/files`, `/v1/batches`), so that unchanged OpenAI client code runs here.
+
+Same keys, same tenant scoping, same roles and quotas as `/api/v1/`; the views only translate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api.access import request_access, request_user
+from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
+from portal.api.errors import ApiError, conflict, submission_refused, too_large
+from portal.api.uploads import refuse_oversized_request
+from portal.batches.models import Batch, File
+from portal.batches.selectors import batch_object, file_object
+from portal.batches.services.batches import BatchRefused, batch_cancel, batch_create
+from portal.batches.services.files import FileRefused, file_delete, file_upload
+from portal.jobs.services.stop import CannotStop
+from portal.jobs.services.submit import QuotaExceeded
+from portal.jobs.services.uploads import UploadTooLarge
+from tasks.storage import StorageError
+
+TAGS = ["openai-batch"]
+PAGE_PARAMETERS = [
+    OpenApiParameter("after", str, description="The id of the last object of the previous page."),
+    OpenApiParameter("limit", int, description="Objects per page, 1 to 100 (default 20)."),
+]
+
+
+class FileUploadSerializer(serializers.Serializer):
+    file = serializers.FileField()
+    purpose = serializers.CharField(max_length=20)
+
+
+class BatchCreateSerializer(serializers.Serializer):
+    input_file_id = serializers.CharField(max_length=40)
+    endpoint = serializers.CharField(max_length=50)
+    completion_window = serializers.CharField(max_length=10)
+    metadata = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, allow_null=True)
+
+
+class PageSerializer(serializers.Serializer):
+    after = serializers.CharField(required=False, max_length=40)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    purpose = serializers.CharField(required=False, max_length=20)
+
+
+def _not_found(kind: str, object_id: str) -> ApiError:
+    return ApiError(f"no {kind} with id {object_id!r}", status_code=404, code="not_found", param="id")
+
+
+def _page(request: Request, queryset: QuerySet[Any], render: Any) -> Response:
+    """OpenAI's list shape: newest first, `after` the last id seen, `has_more` when there is more."""
+    query = PageSerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    after, limit = query.validated_data.get("after"), query.validated_data["limit"]
+    queryset = queryset.order_by("-created_at", "-id")
+    if after:
+        anchor = queryset.filter(pk=after).values("created_at", "id").first()
+        if anchor is None:
+            raise ApiError(f"no object with id {after!r} to page after", status_code=400, code="invalid", param="after")
+        queryset = queryset.filter(
+            Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
+        )
+    rows = list(queryset[: limit + 1])
+    data = [render(row) for row in rows[:limit]]
+    return Response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(rows) > limit,
+        }
+    )
+
+
+class FilesView(APIView):
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        files = File.objects.filter(tenant=request_access(request).tenant)
+        purpose = request.query_params.get("purpose")
+        if purpose:
+            files = files.filter(purpose=purpose)
+        return _page(request, files, file_object)
+
+    @extend_schema(
+        tags=TAGS, request={"multipart/form-data": FileUploadSerializer}, responses={200: OpenApiTypes.OBJECT}
+    )
+    def post(self, request: Request) -> Response:
+        refuse_oversized_request(request)
+        form = FileUploadSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        upload = form.validated_data["file"]
+        try:
+            file = file_upload(
+                tenant=request_access(request).tenant,
+                filename=upload.name or "batch.jsonl",
+                purpose=form.validated_data["purpose"],
+                chunks=upload.chunks(),
+            )
+        except FileRefused as exc:
+            raise ApiError(str(exc), status_code=400, code="invalid", param=exc.param) from None
+        except UploadTooLarge as exc:
+            raise too_large(str(exc)) from None
+        return Response(file_object(file))
+
+
+class FileView(APIView):
+    def _file(self, request: Request, file_id: str) -> File:
+        file = File.objects.filter(tenant=request_access(request).tenant, pk=file_id).first()
+        if file is None:
+            raise _not_found("file", file_id)
+        return file
+
+    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, file_id: str) -> Response:
+        return Response(file_object(self._file(request, file_id)))
+
+    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    def delete(self, request: Request, file_id: str) -> Response:
+        file = self._file(request, file_id)
+        file_delete(file=file)
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+
+class FileContentView(FileView):
+    renderer_classes = DOWNLOAD_RENDERERS
+
+    @extend_schema(tags=TAGS, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, file_id: str) -> StreamingHttpResponse:  # type: ignore[override]
+        file = self._file(request, file_id)
+        try:
+            return stream_object(file.uri, filename=file.filename, content_type="application/octet-stream")
+        except StorageError as exc:
+            raise conflict(f"the content of {file_id} cannot be read: {exc}") from None
+
+
+class BatchesView(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        batches = Batch.objects.select_related("job__model").filter(tenant=request_access(request).tenant)
+        return _page(request, batches, batch_object)
+
+    @extend_schema(tags=TAGS, request=BatchCreateSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        form = BatchCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        try:
+            batch = batch_create(
+                tenant=request_access(request).tenant,
+                user=request_user(request),
+                input_file_id=data["input_file_id"],
+                endpoint=data["endpoint"],
+                completion_window=data["completion_window"],
+                metadata=data.get("metadata"),
+            )
+        except BatchRefused as exc:
+            raise ApiError(str(exc), status_code=400, code="invalid", param=exc.param) from None
+        except QuotaExceeded as exc:
+            raise submission_refused(exc) from None
+        return Response(batch_object(batch), status=status.HTTP_200_OK)
+
+
+class BatchView(APIView):
+    def _batch(self, request: Request, batch_id: str) -> Batch:
+        batch = (
+            Batch.objects.select_related("job__model")
+            .filter(tenant=request_access(request).tenant, pk=batch_id)
+            .first()
+        )
+        if batch is None:
+            raise _not_found("batch", batch_id)
+        return batch
+
+    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, batch_id: str) -> Response:
+        return Response(batch_object(self._batch(request, batch_id)))
+
+
+class BatchCancelView(BatchView):
+    @extend_schema(tags=TAGS, request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, batch_id: str) -> Response:
+        try:
+            batch = batch_cancel(batch=self._batch(request, batch_id))
+        except CannotStop as exc:
+            raise conflict(str(exc)) from None
+        return Response(batch_object(batch))

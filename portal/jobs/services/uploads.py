@@ -1,0 +1,48 @@
+"""Uploaded inputs: streamed into Batchery's storage under the tenant's own prefix.
+
+An upload is copied in chunks, never held whole in memory, and refused past the size limit with
+nothing left behind.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+
+from django.conf import settings
+
+from tasks.storage import join_uri, store_for
+
+
+class UploadTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the upload is larger than the limit of {limit} bytes")
+        self.limit = limit
+
+
+def uploads_root(tenant_id: int) -> str:
+    """Where a tenant's uploads live; the tenant's API callers may read inputs from here."""
+    return join_uri(settings.BATCHERY_STORAGE_URL, "uploads", str(tenant_id))
+
+
+def _safe_name(filename: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", filename.rsplit("/", 1)[-1]).strip("._")
+    return name[:100] or "input.jsonl"
+
+
+def upload_store(
+    *, tenant_id: int, filename: str, chunks: Iterable[bytes], limit: int | None = None
+) -> tuple[str, int]:
+    """Store an upload; return its URI and size. Raises `UploadTooLarge` (and keeps nothing) past `limit`."""
+    limit = settings.BATCHERY_MAX_UPLOAD_BYTES if limit is None else limit
+    uri = join_uri(uploads_root(tenant_id), f"{uuid.uuid4().hex}-{_safe_name(filename)}")
+    size = 0
+    with store_for(uri).open_write(uri) as target:
+        for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                # Raising inside the writer discards what was written.
+                raise UploadTooLarge(limit)
+            target.write(chunk)
+    return uri, size

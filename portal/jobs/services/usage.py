@@ -1,0 +1,53 @@
+"""The usage ledger: one line per job, written in the transaction that ends it.
+
+GPU-seconds are what the job's shards held a replica for (model load plus compute, from the
+manifests the workers committed) times the GPUs a replica of the model takes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from portal.jobs.models import Job, JobUsage
+
+
+def month_of(moment: dt.datetime) -> dt.date:
+    return moment.date().replace(day=1)
+
+
+def usage_record(*, job_id: str) -> JobUsage:
+    """Write (or rewrite, after a retry) the ledger line of a job that has just ended."""
+    job = Job.objects.select_related("model").get(pk=job_id)
+    sums = job.shards.aggregate(
+        prompt=Coalesce(Sum("prompt_tokens"), 0),
+        completion=Coalesce(Sum("completion_tokens"), 0),
+        compute=Coalesce(Sum("compute_seconds"), 0.0),
+        load=Coalesce(Sum("load_seconds"), 0.0),
+    )
+    ended = job.finished_at or timezone.now()
+    usage, _ = JobUsage.objects.update_or_create(
+        job=job,
+        defaults={
+            "tenant_id": job.tenant_id,
+            "model_id": job.model_id,
+            "period": month_of(ended),
+            "status": job.status,
+            "records_succeeded": job.succeeded_records,
+            "records_failed": job.failed_records,
+            "prompt_tokens": sums["prompt"],
+            "completion_tokens": sums["completion"],
+            "gpu_seconds": (sums["compute"] + sums["load"]) * job.model.gpus_per_replica,
+            "recorded_at": ended,
+        },
+    )
+    return usage
+
+
+def gpu_seconds_used(*, tenant_id: int, period: dt.date) -> float:
+    """GPU-seconds of the tenant's jobs that ended in the month starting on `period`."""
+    total = JobUsage.objects.filter(tenant_id=tenant_id, period=period).aggregate(total=Sum("gpu_seconds"))["total"]
+    return float(total or 0.0)

@@ -1,0 +1,149 @@
+"""The official `openai` client, with only its base_url changed, runs batches on a live Batchery server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from portal.catalog.models import Model
+from tests.api.conftest import Caller
+from tests.factories import ModelFactory
+from tests.support.tiny_models import build_tiny_causal_lm
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+ENDED = {"completed", "failed", "expired", "cancelled"}
+
+
+def _client(live_server: Any, caller: Caller) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=caller.key, max_retries=0, timeout=60)
+
+
+def _requests_file(path: Path, url: str, bodies: list[dict[str, Any]]) -> Path:
+    with path.open("w") as handle:
+        for n, body in enumerate(bodies):
+            handle.write(json.dumps({"custom_id": f"req-{n}", "method": "POST", "url": url, "body": body}) + "\n")
+    return path
+
+
+def _wait(client: openai.OpenAI, batch_id: str, statuses: set[str], workers: dict[str, Any], timeout_s: float = 180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        time.sleep(0.3)
+    logs = "\n".join(f"--- {name}\n{w.log_tail()}" for name, w in workers.items())
+    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s}s\n{logs}")
+
+
+def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    assert file_id is not None
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_an_embeddings_batch_completes_with_the_models_embeddings(
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], minilm: Any, tmp_path: Path
+) -> None:
+    client = _client(live_server, caller("acme"))
+    texts = [f"Batch sentence {n} about {['rivers', 'GPUs', 'bread'][n % 3]}." for n in range(30)]
+    path = _requests_file(
+        tmp_path / "embeddings.jsonl", "/v1/embeddings", [{"model": minilm.name, "input": text} for text in texts]
+    )
+    with path.open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    assert uploaded.bytes == path.stat().st_size and uploaded.purpose == "batch"
+    assert client.files.content(uploaded.id).content == path.read_bytes()
+
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h", metadata={"team": "search"}
+    )
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "search"}
+    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (30, 30, 0)
+    assert batch.error_file_id is None and batch.completed_at is not None and batch.in_progress_at is not None
+    lines = _lines(client, batch.output_file_id)
+    assert [line["custom_id"] for line in lines] == [f"req-{n}" for n in range(30)]
+    assert all(line["error"] is None and line["response"]["status_code"] == 200 for line in lines)
+    embeddings = np.array([line["response"]["body"]["data"][0]["embedding"] for line in lines], dtype=np.float32)
+
+    from sentence_transformers import SentenceTransformer
+
+    from gpuworkers.sources import resolve_model_source
+
+    direct = SentenceTransformer(str(resolve_model_source(minilm.source)), device="cpu").encode(texts)
+    cosine = (embeddings * direct).sum(axis=1) / (np.linalg.norm(embeddings, axis=1) * np.linalg.norm(direct, axis=1))
+    assert cosine.min() > 0.999
+    assert batch.id in [listed.id for listed in client.batches.list(limit=5)]
+
+
+def test_a_chat_completions_batch_completes_on_a_tiny_generation_model(
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tmp_path: Path
+) -> None:
+    model_dir = build_tiny_causal_lm(tmp_path / "tiny-chat")
+    ModelFactory(
+        name="tiny-chat",
+        engine=Model.Engine.TRANSFORMERS,
+        task=Model.Task.CHAT,
+        source=str(model_dir),
+        is_default=False,
+    )
+    client = _client(live_server, caller("acme"))
+    bodies = [
+        {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Question {n}?"}], "max_tokens": 5}
+        for n in range(12)
+    ]
+    with _requests_file(tmp_path / "chat.jsonl", "/v1/chat/completions", bodies).open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+
+    assert batch.status == "completed", batch
+    lines = _lines(client, batch.output_file_id)
+    assert len(lines) == 12
+    for line in lines:
+        completion = openai.types.chat.ChatCompletion.model_validate(line["response"]["body"])
+        assert completion.model == "tiny-chat"
+        assert isinstance(completion.choices[0].message.content, str)
+        assert completion.usage is not None and 1 <= completion.usage.completion_tokens <= 5
+
+
+def test_cancel_on_a_running_batch_ends_in_cancelled(
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tmp_path: Path
+) -> None:
+    ModelFactory(
+        name="slow-embedder",
+        engine=Model.Engine.PYTHON,
+        task=Model.Task.EMBED,
+        source="tests.support.chaos_engines:echo_factory",
+        default_params={"sleep_per_record": 0.25, "batch_size": 2},
+        is_default=False,
+    )
+    client = _client(live_server, caller("acme"))
+    bodies = [{"model": "slow-embedder", "input": f"text {n}"} for n in range(200)]
+    with _requests_file(tmp_path / "slow.jsonl", "/v1/embeddings", bodies).open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    _wait(client, batch.id, {"in_progress"}, pipeline_workers)
+
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    batch = _wait(client, batch.id, ENDED, pipeline_workers, timeout_s=60)
+
+    assert batch.status == "cancelled"
+    assert batch.cancelling_at is not None and batch.cancelled_at is not None
+    assert batch.request_counts is not None and batch.request_counts.failed > 0
+    errors = _lines(client, batch.error_file_id)
+    assert errors and all(line["error"]["code"] == "batch_cancelled" for line in errors)
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batch.id)

@@ -1,0 +1,737 @@
+"""OpenAI batch files to Batchery job files and back (`portal.batches.formats`); no database."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterable
+from dataclasses import FrozenInstanceError, dataclass
+from functools import partial
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+import pytest
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.batch import Errors
+from openai.types.chat import ChatCompletion
+from pydantic import BaseModel, ConfigDict
+
+from portal.batches.formats import (
+    ENDPOINTS,
+    BatchEndpoint,
+    OutputCounts,
+    RequestConversion,
+    RequestProblem,
+    UnsupportedEndpoint,
+    convert_outputs,
+    convert_requests,
+    endpoint_for,
+    problems_to_openai_errors,
+)
+from tasks.formats.records import TASK_INPUT_FIELDS
+
+EMBEDDINGS, COMPLETIONS, CHAT = "/v1/embeddings", "/v1/completions", "/v1/chat/completions"
+MAX_LINE_BYTES = 1024
+INPUTS = {
+    EMBEDDINGS: ("input", "a sentence to embed"),
+    COMPLETIONS: ("prompt", "Once upon a time"),
+    CHAT: ("messages", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]),
+}
+
+
+def request(custom_id: str = "r1", *, url: str = EMBEDDINGS, model: str = "m", **fields: Any) -> dict[str, Any]:
+    """One line of an OpenAI batch input file; the endpoint's input is filled in unless given."""
+    input_field, value = INPUTS[url]
+    body = {"model": model, input_field: value, **fields}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def jsonl(*lines: dict[str, Any] | bytes | str) -> list[bytes]:
+    """File lines, newline-terminated: objects as JSON, bytes and text as given."""
+    out = []
+    for line in lines:
+        raw = line if isinstance(line, bytes) else line.encode() if isinstance(line, str) else orjson.dumps(line)
+        out.append(raw + b"\n")
+    return out
+
+
+def convert(
+    source: Iterable[bytes], *, endpoint: str = EMBEDDINGS, **options: Any
+) -> tuple[RequestConversion, list[dict[str, Any]]]:
+    target = io.BytesIO()
+    options.setdefault("max_line_bytes", MAX_LINE_BYTES)
+    result = convert_requests(source, target, endpoint=endpoint, **options)
+    written = target.getvalue()
+    assert written == b"" or written.endswith(b"\n")
+    return result, [orjson.loads(line) for line in written.splitlines()]
+
+
+def codes(result: RequestConversion) -> list[tuple[int | None, str]]:
+    return [(problem.line, problem.code) for problem in result.problems]
+
+
+# The endpoint table
+
+
+@pytest.mark.parametrize(
+    ("url", "task", "input_field"),
+    [(EMBEDDINGS, "embed", "input"), (COMPLETIONS, "generate", "prompt"), (CHAT, "chat", "messages")],
+)
+def test_each_endpoint_maps_to_its_task_and_input_field(url: str, task: str, input_field: str) -> None:
+    endpoint = endpoint_for(url)
+
+    assert endpoint == BatchEndpoint(url, task, input_field)
+    # The record written carries the body's field under the same name: the task must read that name.
+    assert TASK_INPUT_FIELDS[task] == input_field
+    with pytest.raises(FrozenInstanceError):
+        endpoint.task = "other"  # type: ignore[misc]
+
+
+def test_an_unsupported_endpoint_is_refused_naming_the_supported_ones() -> None:
+    with pytest.raises(UnsupportedEndpoint, match=r"'/v1/responses' is not supported.*/v1/chat/completions"):
+        endpoint_for("/v1/responses")
+    with pytest.raises(ValueError, match="/v1/moderations"):
+        convert(jsonl(request()), endpoint="/v1/moderations")
+    assert set(ENDPOINTS) == {EMBEDDINGS, COMPLETIONS, CHAT}
+
+
+# Good request files
+
+
+@pytest.mark.parametrize("url", [EMBEDDINGS, COMPLETIONS, CHAT])
+def test_a_good_file_becomes_records_with_the_model_and_the_shared_params(url: str) -> None:
+    input_field, value = INPUTS[url]
+    params = {"max_tokens": 20, "temperature": 0.5} if url != EMBEDDINGS else {"encoding_format": "base64"}
+    lines = jsonl(*(request(f"r{n}", url=url, model="my-model", **params) for n in range(3)))
+
+    result, records = convert(lines, endpoint=url)
+
+    assert result.ok
+    assert (result.model, result.params, result.records) == ("my-model", params, 3)
+    assert (result.problems, result.problem_count) == ([], 0)
+    assert records == [{"custom_id": f"r{n}", input_field: value} for n in range(3)]
+
+
+def test_records_are_written_in_input_order_with_exactly_the_id_and_the_input() -> None:
+    lines = jsonl(request("b", input="second"), request("a", input="first"))
+
+    target = io.BytesIO()
+    result = convert_requests(lines, target, endpoint=EMBEDDINGS, max_line_bytes=MAX_LINE_BYTES)
+
+    assert (result.model, result.params, result.records) == ("m", {}, 2)
+    assert target.getvalue() == b'{"custom_id":"b","input":"second"}\n{"custom_id":"a","input":"first"}\n'
+
+
+@pytest.mark.parametrize(("url", "field"), [(EMBEDDINGS, "input"), (COMPLETIONS, "prompt")])
+def test_a_list_of_one_text_is_unwrapped(url: str, field: str) -> None:
+    line = request(url=url)
+    line["body"][field] = ["only text"]
+
+    result, records = convert(jsonl(line), endpoint=url)
+
+    assert result.ok
+    assert records == [{"custom_id": "r1", field: "only text"}]
+
+
+def test_blank_lines_are_skipped_but_counted_in_line_numbers() -> None:
+    lines = [b"\n", *jsonl(request("a")), b"   \n", b"\r\n", *jsonl(request("a"))]
+
+    result, records = convert(lines)
+
+    assert result.records == 1
+    assert [record["custom_id"] for record in records] == ["a"]
+    assert codes(result) == [(5, "duplicate_custom_id")]
+
+
+def test_crlf_line_endings_and_a_last_line_without_newline_are_read() -> None:
+    source = [orjson.dumps(request("a")) + b"\r\n", orjson.dumps(request("b"))]
+
+    result, records = convert(source)
+
+    assert result.ok
+    assert [record["custom_id"] for record in records] == ["a", "b"]
+
+
+def test_lines_may_come_in_pieces_of_any_size() -> None:
+    data = b"".join(jsonl(request("a"), "", request("b"), "not json"))
+    pieces = [data[i : i + 7] for i in range(0, len(data), 7)]
+
+    result, records = convert(pieces)
+
+    assert [record["custom_id"] for record in records] == ["a", "b"]
+    assert codes(result) == [(4, "invalid_json")]
+
+
+# Problems, one code at a time
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "param", "message"),
+    [
+        ("{not json", "invalid_json", None, "not valid JSON"),
+        ('["an", "array"]', "invalid_json", None, "must be a JSON object, not a list"),
+        ({"method": "POST", "url": EMBEDDINGS, "body": {}}, "missing_custom_id", "custom_id", "custom_id is missing"),
+        ({**request(), "custom_id": ""}, "missing_custom_id", "custom_id", "non-empty string, not ''"),
+        ({**request(), "custom_id": 7}, "missing_custom_id", "custom_id", "non-empty string, not 7"),
+        ({**request(), "method": "GET"}, "invalid_method", "method", "method must be 'POST', not 'GET'"),
+        ({**request(), "method": None}, "invalid_method", "method", "method is missing"),
+        (request(url=COMPLETIONS), "invalid_url", "url", "endpoint '/v1/embeddings', not '/v1/completions'"),
+        ({**request(), "body": None}, "missing_body", "body", "body is missing"),
+        ({**request(), "body": "text"}, "missing_body", "body", "body must be a JSON object, not 'text'"),
+        ({**request(), "body": {"input": "x"}}, "missing_model", "body.model", "body.model is missing"),
+        (request(model=""), "missing_model", "body.model", "body.model must be a model's name"),
+        ({**request(), "body": {"model": "m"}}, "missing_input", "body.input", "body.input is missing"),
+        (request(input=["a", "b"]), "invalid_input", "body.input", "holds 2 texts"),
+        (request(input=[1, 2, 3]), "invalid_input", "body.input", "must be a string (or a list of one string)"),
+        (request(input=[]), "invalid_input", "body.input", "not an empty list"),
+        (request(input=None), "invalid_input", "body.input", "body.input is missing"),
+        ("x" * (MAX_LINE_BYTES + 1), "line_too_long", None, f"longer than {MAX_LINE_BYTES} bytes"),
+    ],
+)
+def test_each_problem_has_its_code_line_param_and_message(
+    line: dict[str, Any] | str, code: str, param: str | None, message: str
+) -> None:
+    result, records = convert(jsonl(request("first"), line))
+
+    assert records == [{"custom_id": "first", "input": INPUTS[EMBEDDINGS][1]}]
+    assert result.records == 1
+    assert not result.ok
+    assert result.problem_count == 1
+    [problem] = result.problems
+    assert (problem.line, problem.code, problem.param) == (2, code, param)
+    assert message in problem.message
+    assert str(problem) == f"line 2: {problem.message}"
+
+
+def test_an_encoding_format_the_output_cannot_take_is_refused_on_every_line() -> None:
+    result, records = convert(jsonl(request("a", encoding_format="int8"), request("b", encoding_format="int8")))
+
+    assert records == []
+    assert codes(result) == [(1, "invalid_param"), (2, "invalid_param")]
+    assert result.problems[0].param == "body.encoding_format"
+    assert "body.encoding_format must be 'float' or 'base64', not 'int8'" in result.problems[0].message
+
+
+def test_the_embedding_of_several_texts_is_refused_with_how_to_split_them() -> None:
+    result, _ = convert(jsonl(request(input=["one", "two", "three"])))
+
+    [problem] = result.problems
+    assert problem.message == (
+        "body.input holds 3 texts, but Batchery runs one text a request: give each text its own line and custom_id"
+    )
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        "Hi",
+        [{"content": "no role"}],
+        [{"role": "user"}],
+        [{"role": "user", "content": None}],
+        [{"role": "user", "content": "fine"}, "not a message"],
+    ],
+)
+def test_chat_messages_must_be_a_non_empty_list_of_objects_with_role_and_content(messages: Any) -> None:
+    result, records = convert(jsonl(request(url=CHAT, messages=messages)), endpoint=CHAT)
+
+    assert records == []
+    assert codes(result) == [(1, "invalid_input")]
+    assert result.problems[0].param == "body.messages"
+    assert "non-empty list of messages" in result.problems[0].message
+
+
+def test_chat_content_may_be_a_list_of_parts() -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+
+    result, records = convert(jsonl(request(url=CHAT, messages=messages)), endpoint=CHAT)
+
+    assert result.ok
+    assert records == [{"custom_id": "r1", "messages": messages}]
+
+
+def test_a_duplicate_custom_id_names_the_first_line_even_when_the_first_line_is_bad_otherwise() -> None:
+    lines = jsonl(request("a", url=COMPLETIONS), request("a"), request("b"), request("a"))
+
+    result, records = convert(lines)
+
+    assert [record["custom_id"] for record in records] == ["b"]
+    assert codes(result) == [(1, "invalid_url"), (2, "duplicate_custom_id"), (4, "duplicate_custom_id")]
+    assert result.problems[1].message == "custom_id 'a' is already used on line 1; each request needs its own"
+
+
+def test_mixed_models_are_refused_naming_both_models_and_the_first_line() -> None:
+    lines = jsonl(request("a", model="small"), request("b", model="small"), request("c", model="large"))
+
+    result, records = convert(lines)
+
+    assert len(records) == 2
+    assert codes(result) == [(3, "mixed_models")]
+    message = result.problems[0].message
+    assert "'large'" in message
+    assert "line 1 names 'small'" in message
+    assert result.model == "small"
+
+
+def test_the_first_good_line_sets_the_model_and_params_that_the_others_must_repeat() -> None:
+    lines = jsonl(request("a", model="bad", input=7), request("b", model="good"), request("c", model="bad"))
+
+    result, _ = convert(lines)
+
+    assert codes(result) == [(1, "invalid_input"), (3, "mixed_models")]
+    assert "line 2 names 'good'" in result.problems[1].message
+
+
+def test_mixed_params_are_refused_naming_every_differing_key() -> None:
+    lines = jsonl(
+        request("a", url=CHAT, max_tokens=10, temperature=0.2),
+        request("b", url=CHAT, max_tokens=10, temperature=0.2),
+        request("c", url=CHAT, max_tokens=12, seed=3),
+        request("d", url=CHAT, max_tokens=10),
+    )
+
+    result, records = convert(lines, endpoint=CHAT)
+
+    assert [record["custom_id"] for record in records] == ["a", "b"]
+    assert result.params == {"max_tokens": 10, "temperature": 0.2}
+    assert codes(result) == [(3, "mixed_params"), (4, "mixed_params")]
+    third, fourth = result.problems
+    assert "differs from line 1's in max_tokens, seed, temperature" in third.message
+    assert "one set of parameters" in third.message
+    assert third.param == "body.max_tokens"
+    assert "in temperature;" in fourth.message
+
+
+def test_equal_numbers_are_the_same_param() -> None:
+    result, _ = convert(jsonl(request("a", dimensions=8), request("b", dimensions=8.0)))
+
+    assert result.ok
+
+
+def test_problems_stop_being_collected_at_max_problems_but_keep_being_counted() -> None:
+    lines = jsonl(request("good"), *(["not json"] * 7), request("also-good"))
+
+    result, records = convert(lines, max_problems=3)
+
+    assert len(records) == 2
+    assert result.problem_count == 7
+    assert codes(result) == [(2, "invalid_json"), (3, "invalid_json"), (4, "invalid_json")]
+
+
+def test_max_problems_defaults_to_twenty() -> None:
+    result, _ = convert(jsonl(*(["{"] * 25)))
+
+    assert (len(result.problems), result.problem_count) == (20, 25)
+
+
+@pytest.mark.parametrize("source", [[], [b""], [b"\n", b"  \n"]])
+def test_an_empty_file_is_one_problem_of_the_whole_file(source: list[bytes]) -> None:
+    result, records = convert(source)
+
+    assert records == []
+    assert not result.ok
+    assert (result.model, result.records, result.problem_count) == (None, 0, 1)
+    [problem] = result.problems
+    assert (problem.line, problem.code, problem.param) == (None, "empty_file", None)
+    assert str(problem) == "the file holds no request"
+
+
+def test_a_file_of_bad_lines_only_is_not_an_empty_file() -> None:
+    result, _ = convert(jsonl("nope"))
+
+    assert codes(result) == [(1, "invalid_json")]
+
+
+def test_a_line_too_long_is_skipped_to_its_end_reading_bounded_pieces() -> None:
+    long_request = request("long", input="x" * (3 * MAX_LINE_BYTES))
+    stream = io.BytesIO(b"".join(jsonl(request("a"), long_request, request("b"))))
+    pieces = iter(partial(stream.readline, MAX_LINE_BYTES + 1), b"")
+
+    result, records = convert(pieces)
+
+    assert [record["custom_id"] for record in records] == ["a", "b"]
+    assert codes(result) == [(2, "line_too_long")]
+
+
+def test_a_line_of_exactly_max_line_bytes_is_read_and_the_newline_does_not_count() -> None:
+    line = orjson.dumps(request("a"))
+    padded = line[:-1] + b" " * (MAX_LINE_BYTES - len(line)) + b"}"
+    assert len(padded) == MAX_LINE_BYTES
+
+    result, _ = convert([padded + b"\n", padded + b" \n"])
+
+    assert codes(result) == [(2, "line_too_long")]
+
+
+def test_a_last_line_too_long_without_newline_is_a_problem() -> None:
+    result, _ = convert([*jsonl(request("a")), b"y" * (MAX_LINE_BYTES + 5)])
+
+    assert codes(result) == [(2, "line_too_long")]
+
+
+# Problems in OpenAI's shape
+
+
+def test_problems_become_the_errors_object_of_an_openai_batch() -> None:
+    result, _ = convert(jsonl(request("a"), request("b", model="other")))
+    problems = [*result.problems, RequestProblem(None, "empty_file", "the file holds no request")]
+
+    errors = problems_to_openai_errors(problems)
+
+    assert errors == {
+        "object": "list",
+        "data": [
+            {"code": "mixed_models", "message": result.problems[0].message, "param": "body.model", "line": 2},
+            {"code": "empty_file", "message": "the file holds no request", "param": None, "line": None},
+        ],
+    }
+    parsed = Errors.model_validate(errors)
+    assert parsed.object == "list"
+    assert parsed.data is not None
+    assert [(error.code, error.line, error.param) for error in parsed.data] == [
+        ("mixed_models", 2, "body.model"),
+        ("empty_file", None, None),
+    ]
+
+
+def test_no_problems_give_an_empty_list() -> None:
+    assert problems_to_openai_errors([]) == {"object": "list", "data": []}
+
+
+# Output files
+
+
+class _RequestResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+
+
+class _RequestError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    message: str
+
+
+class BatchRequestOutput(BaseModel):
+    """One line of an OpenAI batch output or error file, as OpenAI's API reference specifies it
+    (the openai package has no model for it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    custom_id: str
+    response: _RequestResponse | None
+    error: _RequestError | None
+
+
+@dataclass
+class Converted:
+    counts: OutputCounts
+    output: bytes
+    errors: bytes
+
+    def lines(self, which: Literal["output", "errors"]) -> list[dict[str, Any]]:
+        parsed = [orjson.loads(line) for line in getattr(self, which).splitlines()]
+        for line in parsed:
+            BatchRequestOutput.model_validate(line)
+            assert line.keys() == {"id", "custom_id", "response", "error"}
+        return parsed
+
+
+def convert_out(
+    records: list[dict[str, Any]], *, endpoint: str = EMBEDDINGS, batch_id: str = "batch_1", **options: Any
+) -> Converted:
+    output, errors = io.BytesIO(), io.BytesIO()
+    source = [orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE) for record in records]
+    counts = convert_outputs(
+        source, output, errors, endpoint=endpoint, model="my-model", batch_id=batch_id, created=1700000000, **options
+    )
+    return Converted(counts, output.getvalue(), errors.getvalue())
+
+
+def embedded(custom_id: str, vector: list[float], tokens: int = 4) -> dict[str, Any]:
+    return {"custom_id": custom_id, "response": {"embedding": vector, "usage": {"prompt_tokens": tokens}}}
+
+
+def generated(custom_id: str, text: str, **extra: Any) -> dict[str, Any]:
+    response = {"text": text, "finish_reason": "stop", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+    return {"custom_id": custom_id, "response": {**response, **extra}}
+
+
+def failed(custom_id: str, code: str, message: str = "it broke") -> dict[str, Any]:
+    return {"custom_id": custom_id, "error": {"code": code, "message": message}}
+
+
+def test_embeddings_become_create_embedding_responses() -> None:
+    converted = convert_out([embedded("a", [0.5, -1.25, 3.0], tokens=7), embedded("b", [1.0, 2.0, 4.0])])
+
+    assert converted.counts == OutputCounts(completed=2, failed=0)
+    assert converted.errors == b""
+    first, second = converted.lines("output")
+    assert first["custom_id"] == "a"
+    assert first["error"] is None
+    assert first["response"]["status_code"] == 200
+    body = first["response"]["body"]
+    assert body == {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -1.25, 3.0]}],
+        "model": "my-model",
+        "usage": {"prompt_tokens": 7, "total_tokens": 7},
+    }
+    parsed = CreateEmbeddingResponse.model_validate(body)
+    assert parsed.data[0].embedding == [0.5, -1.25, 3.0]
+    assert CreateEmbeddingResponse.model_validate(second["response"]["body"]).usage.total_tokens == 4
+
+
+def test_base64_embeddings_are_little_endian_float32_as_openai_encodes_them() -> None:
+    vector = [0.5, -1.25, 3.0, 1e-3]
+
+    converted = convert_out([embedded("a", vector)], encoding_format="base64")
+
+    [line] = converted.lines("output")
+    encoded = line["response"]["body"]["data"][0]["embedding"]
+    assert isinstance(encoded, str)
+    decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
+    assert decoded.tolist() == np.asarray(vector, dtype=np.float32).tolist()
+
+
+def test_an_unknown_encoding_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="encoding_format"):
+        convert_out([embedded("a", [1.0])], encoding_format="int8")
+
+
+def test_chat_responses_become_chat_completions() -> None:
+    converted = convert_out([generated("a", "Hello!")], endpoint=CHAT)
+
+    [line] = converted.lines("output")
+    body = line["response"]["body"]
+    assert body["id"].startswith("chatcmpl-")
+    assert body == {
+        "id": body["id"],
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "my-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello!", "refusal": None},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    parsed = ChatCompletion.model_validate(body)
+    assert parsed.choices[0].message.content == "Hello!"
+    assert parsed.usage is not None
+    assert parsed.usage.total_tokens == 7
+
+
+def test_chat_samples_and_logprobs_become_choices_with_openai_logprobs() -> None:
+    content = [
+        {"token": "Hi", "logprob": -0.1, "top_logprobs": [{"token": "Hi", "logprob": -0.1}]},
+        {"token": "!", "logprob": None, "top_logprobs": [{"token": ".", "logprob": -0.3}]},
+    ]
+    choices = [
+        {"index": 0, "text": "Hi!", "finish_reason": "stop", "logprobs": {"content": content}},
+        {"index": 1, "text": "Hello there", "finish_reason": "length", "logprobs": {"content": content[:1]}},
+    ]
+    record = generated("a", "Hi!", logprobs={"content": content}, choices=choices)
+
+    converted = convert_out([record], endpoint=CHAT)
+
+    body = converted.lines("output")[0]["response"]["body"]
+    parsed = ChatCompletion.model_validate(body)
+    assert [(c.index, c.message.content, c.finish_reason) for c in parsed.choices] == [
+        (0, "Hi!", "stop"),
+        (1, "Hello there", "length"),
+    ]
+    first = parsed.choices[0].logprobs
+    assert first is not None
+    assert first.content is not None
+    assert [(t.token, t.logprob) for t in first.content] == [("Hi", -0.1), ("!", -9999.0)]
+    assert [(t.token, t.logprob) for t in first.content[1].top_logprobs] == [(".", -0.3)]
+    assert body["choices"][0]["logprobs"]["content"][0] == {
+        "token": "Hi",
+        "logprob": -0.1,
+        "bytes": None,
+        "top_logprobs": [{"token": "Hi", "logprob": -0.1, "bytes": None}],
+    }
+
+
+def test_completion_responses_become_text_completions() -> None:
+    converted = convert_out([generated("a", " upon a time")], endpoint=COMPLETIONS)
+
+    body = converted.lines("output")[0]["response"]["body"]
+    assert body["id"].startswith("cmpl-")
+    assert body == {
+        "id": body["id"],
+        "object": "text_completion",
+        "created": 1700000000,
+        "model": "my-model",
+        "choices": [{"text": " upon a time", "index": 0, "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    assert Completion.model_validate(body).choices[0].text == " upon a time"
+
+
+def test_completion_logprobs_take_the_completions_column_shape() -> None:
+    content = [
+        {
+            "token": "ab",
+            "logprob": -0.5,
+            "top_logprobs": [{"token": "ab", "logprob": -0.5}, {"token": "x", "logprob": -2}],
+        },
+        {"token": "c", "logprob": -1.0, "top_logprobs": [{"token": "d", "logprob": -0.7}]},
+    ]
+    choices = [
+        {"index": 0, "text": "abc", "finish_reason": "length", "logprobs": {"content": content}},
+        {"index": 1, "text": "q", "finish_reason": "stop"},
+    ]
+    record = generated("a", "abc", logprobs={"content": content}, choices=choices)
+
+    converted = convert_out([record], endpoint=COMPLETIONS)
+
+    body = converted.lines("output")[0]["response"]["body"]
+    assert body["choices"][0]["logprobs"] == {
+        "tokens": ["ab", "c"],
+        "token_logprobs": [-0.5, -1.0],
+        "top_logprobs": [{"ab": -0.5, "x": -2.0}, {"d": -0.7}],
+        "text_offset": [0, 2],
+    }
+    parsed = Completion.model_validate(body)
+    assert [(choice.index, choice.text, choice.logprobs) for choice in parsed.choices][1] == (1, "q", None)
+
+
+@pytest.mark.parametrize(("code", "openai_code"), [("cancelled", "batch_cancelled"), ("expired", "batch_expired")])
+def test_records_that_never_ran_get_no_response_and_openai_batch_error(code: str, openai_code: str) -> None:
+    converted = convert_out([embedded("a", [1.0]), failed("b", code, f"the job was {code} before this record ran")])
+
+    assert converted.counts == OutputCounts(completed=1, failed=1)
+    assert [line["custom_id"] for line in converted.lines("output")] == ["a"]
+    [line] = converted.lines("errors")
+    assert line["custom_id"] == "b"
+    assert line["response"] is None
+    assert line["error"]["code"] == openai_code
+    assert line["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "error_type"),
+    [
+        ("engine_error", 400, "invalid_request_error"),
+        ("out_of_memory", 500, "server_error"),
+        ("poison_record", 500, "server_error"),
+        ("shard_failed", 500, "server_error"),
+        ("something_new", 500, "server_error"),
+    ],
+)
+def test_records_that_failed_get_an_error_response(code: str, status: int, error_type: str) -> None:
+    converted = convert_out([failed("a", code, "ValueError: the input is an empty string")], endpoint=CHAT)
+
+    assert converted.counts == OutputCounts(completed=0, failed=1)
+    assert converted.output == b""
+    [line] = converted.lines("errors")
+    assert line["error"] is None
+    response = line["response"]
+    assert response["status_code"] == status
+    assert response["request_id"]
+    assert response["body"] == {
+        "error": {
+            "message": "ValueError: the input is an empty string",
+            "type": error_type,
+            "param": None,
+            "code": code,
+        }
+    }
+
+
+def test_output_lines_keep_input_order_and_split_between_the_two_files() -> None:
+    records = [
+        generated("a", "1"),
+        failed("b", "engine_error"),
+        generated("c", "3"),
+        failed("d", "expired"),
+        generated("e", "5"),
+    ]
+
+    converted = convert_out(records, endpoint=COMPLETIONS)
+
+    assert converted.counts == OutputCounts(completed=3, failed=2)
+    assert [line["custom_id"] for line in converted.lines("output")] == ["a", "c", "e"]
+    assert [line["custom_id"] for line in converted.lines("errors")] == ["b", "d"]
+
+
+def test_blank_output_lines_are_skipped() -> None:
+    output, errors = io.BytesIO(), io.BytesIO()
+    source = [b"\n", orjson.dumps(embedded("a", [1.0])) + b"\n", b"\n"]
+
+    counts = convert_outputs(source, output, errors, endpoint=EMBEDDINGS, model="m", batch_id="b", created=0)
+
+    assert counts == OutputCounts(completed=1, failed=0)
+
+
+def test_ids_are_deterministic_from_the_batch_and_the_custom_id() -> None:
+    records = [generated("a", "x"), generated("b", "y"), failed("c", "engine_error"), failed("d", "cancelled")]
+
+    once = convert_out(records, endpoint=CHAT)
+    twice = convert_out(records, endpoint=CHAT)
+    other_batch = convert_out(records, endpoint=CHAT, batch_id="batch_2")
+
+    assert (once.output, once.errors) == (twice.output, twice.errors)
+    lines = once.lines("output") + once.lines("errors")
+    ids = [line["id"] for line in lines]
+    assert all(ident.startswith("batch_req_") for ident in ids)
+    assert len(set(ids)) == 4
+    request_ids = [line["response"]["request_id"] for line in lines if line["response"] is not None]
+    completion_ids = [line["response"]["body"]["id"] for line in once.lines("output")]
+    assert len(set(ids) | set(request_ids) | {ident.removeprefix("chatcmpl-") for ident in completion_ids}) == 9
+    other_ids = {line["id"] for line in other_batch.lines("output") + other_batch.lines("errors")}
+    assert not other_ids & set(ids)
+
+
+def test_the_vllm_engines_responses_convert_to_valid_openai_bodies() -> None:
+    """The contract with the engine: its responses, written as a shard writes them, convert and validate."""
+    from gpuworkers.engines.vllm import completion_response, embedding_response
+
+    @dataclass
+    class Logprob:
+        logprob: float
+        decoded_token: str
+
+    @dataclass
+    class Sample:
+        index: int
+        text: str
+        token_ids: list[int]
+        finish_reason: str
+        logprobs: list[dict[int, Logprob]]
+
+    @dataclass
+    class Output:
+        prompt_token_ids: list[int]
+        outputs: Any
+
+    @dataclass
+    class Embedding:
+        embedding: list[float]
+
+    positions = [{5: Logprob(-0.1, "a"), 9: Logprob(-2.5, "z")}, {6: Logprob(-0.2, "b")}]
+    samples = [Sample(0, "ab", [5, 6], "stop", positions), Sample(1, "ab", [5, 6], "length", positions)]
+    generation = completion_response(Output([1, 2, 3], samples), top_logprobs=2)
+    embedding = embedding_response(Output([1, 2], Embedding([0.25, 0.5])))
+
+    def shard_line(custom_id: str, response: dict[str, Any]) -> dict[str, Any]:
+        raw = orjson.dumps({"custom_id": custom_id, "response": response}, option=orjson.OPT_SERIALIZE_NUMPY)
+        return dict(orjson.loads(raw))
+
+    chat = convert_out([shard_line("a", generation)], endpoint=CHAT).lines("output")[0]["response"]["body"]
+    text = convert_out([shard_line("a", generation)], endpoint=COMPLETIONS).lines("output")[0]["response"]["body"]
+    vector = convert_out([shard_line("a", embedding)]).lines("output")[0]["response"]["body"]
+
+    assert len(ChatCompletion.model_validate(chat).choices) == 2
+    assert Completion.model_validate(text).choices[0].logprobs is not None
+    assert CreateEmbeddingResponse.model_validate(vector).data[0].embedding == [0.25, 0.5]
+    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}

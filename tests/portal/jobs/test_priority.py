@@ -1,0 +1,55 @@
+"""A tenant's priority becomes the broker priority of its shards: the real Redis broker serves them first."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.services.dispatch import job_dispatch
+from tasks.config import gpu_queue, message_priority
+from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_priority_scale_is_turned_round_for_redis() -> None:
+    assert [message_priority(p) for p in (0, 5, 9, 42, -1)] == [9, 4, 0, 0, 9]
+
+
+def _running_job(tenant: Any, model: Any, shards: int) -> Job:
+    job = Job.objects.create(
+        tenant=tenant, model=model, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", shard_size=1
+    )
+    for index in range(shards):
+        Shard.objects.create(
+            job=job, index=index, first_record=index, record_count=1, input_uri="file:///x", prefix_uri="file:///y"
+        )
+    return job
+
+
+def test_shards_of_a_higher_priority_tenant_are_delivered_before_those_queued_earlier() -> None:
+    from tasks.app import app
+
+    gpu_class = GpuClassFactory(name=f"prio{uuid.uuid4().hex[:8]}")
+    model = ModelFactory(name="prio-model", gpu_class=gpu_class, is_default=False)
+    low = _running_job(TenantFactory(name="low", priority=1), model, shards=3)
+    high = _running_job(TenantFactory(name="high", priority=9), model, shards=3)
+    job_dispatch(job_id=str(low.pk))
+    job_dispatch(job_id=str(high.pk))
+
+    delivered = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(gpu_queue(gpu_class.name))
+        try:
+            for _ in range(6):
+                message = queue.get(timeout=5)
+                delivered.append(message.headers["id"].split("-", 6)[1:6])
+                message.ack()
+        finally:
+            queue.clear()
+            queue.close()
+    jobs = ["-".join(parts) for parts in delivered]
+    assert jobs == [str(high.pk)] * 3 + [str(low.pk)] * 3
