@@ -36,15 +36,19 @@ def publish_shard_progress(job_id: str, shard_index: int, *, done: int, failed: 
         return
 
 
-def read_job_progress(job_id: str) -> Progress:
+def read_shard_progress(job_id: str) -> dict[int, Progress]:
+    """Each running or finished shard's live figures, by shard index; empty if Redis cannot be read."""
     try:
-        fields = _client().hvals(_key(job_id))
+        fields = _client().hgetall(_key(job_id))
     except redis.RedisError:
-        return Progress(done=0, failed=0)
-    done = failed = 0
-    for value in fields:
-        text = value.decode() if isinstance(value, bytes) else value
-        shard_done, shard_failed = text.split(",")
-        done += int(shard_done)
-        failed += int(shard_failed)
-    return Progress(done=done, failed=failed)
+        return {}
+    shards = {}
+    for index, value in fields.items():
+        done, failed = (value.decode() if isinstance(value, bytes) else value).split(",")
+        shards[int(index)] = Progress(done=int(done), failed=int(failed))
+    return shards
+
+
+def read_job_progress(job_id: str) -> Progress:
+    shards = read_shard_progress(job_id).values()
+    return Progress(done=sum(shard.done for shard in shards), failed=sum(shard.failed for shard in shards))

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.factories import ModelFactory, TenantFactory
+from tests.support.moto_server import running_moto_server
+from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 from tests.support.workers import WorkerProcess, database_url, start_worker, wait_until_consuming
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -43,15 +46,56 @@ def write_jsonl(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+@dataclass(frozen=True)
+class S3Service:
+    """A moto S3 server for the session, reached through a proxy that tests can take down."""
+
+    server_url: str
+    """moto itself, for setting up and inspecting buckets behind the workers' backs."""
+    proxy: TcpProxy
+    env: dict[str, str]
+    """What a process needs to use it as its S3 endpoint."""
+
+
 @pytest.fixture(scope="session")
-def pipeline_workers(django_db_setup: None, django_db_blocker: Any) -> Iterator[dict[str, WorkerProcess]]:
-    """A real control worker and a real `gpu.cpu` worker, sharing the test database and broker."""
+def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Service]:
+    config = tmp_path_factory.mktemp("aws")
+    with running_moto_server() as url, tcp_proxy(int(url.rsplit(":", 1)[1])) as proxy:
+        env = {
+            "AWS_ENDPOINT_URL": proxy.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            # Keep the machine's own AWS set-up out of the tests.
+            "AWS_CONFIG_FILE": str(config / "config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(config / "credentials"),
+        }
+        yield S3Service(server_url=url, proxy=proxy, env=env)
+
+
+@pytest.fixture
+def s3(s3_service: S3Service, monkeypatch: pytest.MonkeyPatch) -> S3Service:
+    """This process uses the session's S3 server too (a fresh store, so its client reads this env)."""
+    from tasks.storage import registry
+    from tasks.storage.s3 import S3Store
+
+    for name, value in s3_service.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(registry, "_S3", S3Store())
+    return s3_service
+
+
+@pytest.fixture(scope="session")
+def pipeline_workers(
+    django_db_setup: None, django_db_blocker: Any, s3_service: S3Service
+) -> Iterator[dict[str, WorkerProcess]]:
+    """A real control worker and a real `gpu.cpu` worker, sharing the test database, broker and S3 server."""
     from django.db import connection
 
     from tasks.app import app
 
     app.control.purge()
-    env = dict(os.environ)
+    env = {**os.environ, **s3_service.env}
     env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     log_dir = ARTIFACTS / "logs"

@@ -65,6 +65,14 @@ class Job(models.Model):
     input_bytes = models.PositiveBigIntegerField(default=0)
     output_uri = models.CharField(max_length=1000, blank=True)
     errors_uri = models.CharField(max_length=1000, blank=True)
+    input_format = models.CharField(
+        max_length=10, default="auto", help_text="auto (by name and content), jsonl, csv, tsv or parquet."
+    )
+    text_column = models.CharField(max_length=200, blank=True, help_text="CSV, TSV, Parquet: the input column.")
+    id_column = models.CharField(max_length=200, blank=True, help_text="CSV, TSV, Parquet: the custom_id column.")
+    output_format = models.CharField(
+        max_length=10, choices=[("jsonl", "JSONL"), ("parquet", "Parquet")], default="jsonl"
+    )
     params = models.JSONField(default=dict, blank=True)
     shard_size = models.PositiveIntegerField(help_text="Records per shard.")
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from portal.jobs.models import Job
+from django.db.models import Count, QuerySet, Sum
+
+from portal.jobs.models import Job, JobUsage
+from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from tasks.progress import read_job_progress
 
 
@@ -31,3 +35,27 @@ def job_progress(job: Job) -> JobProgress:
         return JobProgress(status=job.status, total=job.total_records, done=done, failed=job.failed_records)
     live = read_job_progress(str(job.id))
     return JobProgress(status=job.status, total=job.total_records, done=live.done, failed=live.failed)
+
+
+def job_output_file(job: Job) -> tuple[str, str]:
+    """The output a job asked for, as (URI, file name): its Parquet copy, or the JSONL."""
+    if job.output_format == "parquet":
+        return parquet_output_uri(job_root(job)), "output.parquet"
+    return job.output_uri, "output.jsonl"
+
+
+def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
+    """Ledger lines summed per month, newest first: jobs, records, tokens in and out, GPU-seconds."""
+    return (
+        usage.order_by()
+        .values("period")
+        .annotate(
+            jobs=Count("job"),
+            records_succeeded=Sum("records_succeeded"),
+            records_failed=Sum("records_failed"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            gpu_seconds=Sum("gpu_seconds"),
+        )
+        .order_by("-period")
+    )

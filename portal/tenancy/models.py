@@ -11,6 +11,12 @@ class Tenant(models.Model):
     priority = models.PositiveSmallIntegerField(
         default=5, help_text="0 (lowest) to 9 (highest); becomes the Celery priority of the tenant's shards."
     )
+    storage_prefixes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="URI prefixes the tenant's API callers may read inputs from besides their uploads, "
+        'e.g. ["s3://datasets/acme/", "file:///srv/data/acme/"].',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

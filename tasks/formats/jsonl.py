@@ -1,31 +1,35 @@
 """JSONL input: stream records one line at a time, checking each, with bounded memory.
 
 A line is read with a length limit, so one enormous line cannot exhaust memory. Duplicate
-`custom_id`s are found without keeping the ids: 64-bit hashes go into a compact array (8 bytes a
-record) that is sorted once at the end. Only if two hashes collide is the input read a second time,
-keeping just the ids whose hash collided, to name the duplicate lines exactly.
+`custom_id`s are found without keeping the ids: their 64-bit hashes go to `IdHashes`, which spills
+to disk past a few MB and finds repeats bucket by bucket. Only if two hashes collide is the input
+read a second time, keeping just the ids whose hash collided, to name the duplicate lines exactly.
+
+The check, the counting and the duplicate search also serve the other input formats
+(`tasks.formats.inputs`), whose records are numbered by line (CSV, TSV) or by row (Parquet).
 """
 
 from __future__ import annotations
 
 import hashlib
-from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import orjson
 
+from tasks.formats.id_hashes import IdHashes
 from tasks.formats.records import LineProblem, Record
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
-def _id_hash(custom_id: str) -> int:
+def id_hash(custom_id: str) -> int:
+    """The 64-bit hash the duplicate-id check keeps for a custom_id."""
     return int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=8).digest(), "little")
 
 
-def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+def read_lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
     """Numbered lines; a line over MAX_LINE_BYTES is skipped to its end and yielded as None."""
     line_no = 0
     while True:
@@ -41,7 +45,12 @@ def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
         yield line_no, raw
 
 
-def _parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | LineProblem:
+def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | LineProblem:
+    """One line as a record, or what is wrong with it.
+
+    A line of an OpenAI batch request file (`{"custom_id", "method", "url", "body": {...}}`) whose
+    input field is only inside `body` becomes the record `{custom_id, <input field>}`.
+    """
     if raw is None:
         return LineProblem(line_no, f"line is longer than {MAX_LINE_BYTES} bytes")
     try:
@@ -54,9 +63,30 @@ def _parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | L
     if not isinstance(custom_id, str) or not custom_id:
         return LineProblem(line_no, "custom_id must be a non-empty string")
     if input_field not in data:
-        return LineProblem(line_no, f"missing field {input_field!r}")
+        body = data.get("body")
+        if not isinstance(body, dict):
+            return LineProblem(line_no, f"missing field {input_field!r}")
+        if input_field not in body:
+            return LineProblem(line_no, f"missing field {input_field!r}, at the top level and in 'body'")
+        data = {input_field: body[input_field]}
     data["custom_id"] = custom_id
     return Record(line=line_no, custom_id=custom_id, data=data)
+
+
+def parse_jsonl(stream: BinaryIO, *, input_field: str) -> Iterator[Record | LineProblem]:
+    """Every non-blank line as a record or a problem; blank lines still count towards line numbers."""
+    for line_no, raw in read_lines(stream):
+        if raw is not None and not raw.strip():
+            continue
+        yield parse_line(raw, line_no, input_field)
+
+
+@dataclass(frozen=True)
+class RowProblem(LineProblem):
+    """One bad row of a columnar input (Parquet); `line` holds its 1-based row number."""
+
+    def __str__(self) -> str:
+        return f"row {self.line}: {self.message}"
 
 
 @dataclass
@@ -66,8 +96,10 @@ class JsonlCheck:
     records: int = 0
     problems: list[LineProblem] = field(default_factory=list)
     problem_count: int = 0
-    id_hashes: array[int] = field(default_factory=lambda: array("Q"), repr=False)
-    """64-bit hashes of every valid record's custom_id, 8 bytes a record."""
+    id_hashes: IdHashes = field(default_factory=IdHashes, repr=False)
+    """64-bit hashes of every valid record's custom_id, in bounded memory."""
+    unit: str = "line"
+    """What the input's records are numbered by: "line" (text formats) or "row" (Parquet)."""
 
     @property
     def ok(self) -> bool:
@@ -77,8 +109,12 @@ class JsonlCheck:
     def summary(self, *, limit: int) -> str:
         shown = "; ".join(str(p) for p in self.problems[:limit])
         more = self.problem_count - min(limit, len(self.problems))
-        suffix = f"; and {more} more bad line{'s' if more != 1 else ''}" if more > 0 else ""
-        return f"{self.problem_count} bad line{'s' if self.problem_count != 1 else ''}: {shown}{suffix}"
+        suffix = f"; and {more} more bad {self.unit}{'s' if more != 1 else ''}" if more > 0 else ""
+        return f"{self.problem_count} bad {self.unit}{'s' if self.problem_count != 1 else ''}: {shown}{suffix}"
+
+    def problem(self, number: int, message: str) -> LineProblem:
+        """A problem numbered in this input's unit."""
+        return RowProblem(number, message) if self.unit == "row" else LineProblem(number, message)
 
     def add_problem(self, problem: LineProblem, *, max_problems: int) -> None:
         self.problem_count += 1
@@ -92,28 +128,23 @@ def iter_jsonl(stream: BinaryIO, *, input_field: str, check: JsonlCheck, max_pro
     Blank lines are skipped but still count towards line numbers. Duplicate ids are found after
     the stream is exhausted: see `colliding_id_hashes` and `find_duplicate_ids`.
     """
-    for line_no, raw in _lines(stream):
-        if raw is not None and not raw.strip():
+    return count_records(parse_jsonl(stream, input_field=input_field), check=check, max_problems=max_problems)
+
+
+def count_records(items: Iterable[Record | LineProblem], *, check: JsonlCheck, max_problems: int) -> Iterator[Record]:
+    """Yield the records of `items`; count them, their id hashes and the problems into `check`."""
+    for item in items:
+        if isinstance(item, LineProblem):
+            check.add_problem(item, max_problems=max_problems)
             continue
-        parsed = _parse_line(raw, line_no, input_field)
-        if isinstance(parsed, LineProblem):
-            check.add_problem(parsed, max_problems=max_problems)
-            continue
-        check.id_hashes.append(_id_hash(parsed.custom_id))
+        check.id_hashes.append(id_hash(item.custom_id))
         check.records += 1
-        yield parsed
+        yield item
 
 
 def colliding_id_hashes(check: JsonlCheck) -> set[int]:
     """Hashes shared by two or more records: their ids may be duplicates."""
-    import numpy as np
-
-    hashes = np.frombuffer(check.id_hashes, dtype=np.uint64)
-    if hashes.size < 2:
-        return set()
-    ordered = np.sort(hashes)
-    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-    return {int(value) for value in np.unique(repeated)}
+    return check.id_hashes.repeated()
 
 
 def find_duplicate_ids(
@@ -125,19 +156,25 @@ def find_duplicate_ids(
     max_problems: int = 100,
 ) -> None:
     """Second pass, only after a hash collision: name each line whose custom_id was seen before."""
-    first_seen: dict[str, int] = {}
     with reopen() as stream:
-        for line_no, raw in _lines(stream):
-            if raw is not None and not raw.strip():
-                continue
-            parsed = _parse_line(raw, line_no, input_field)
-            if isinstance(parsed, LineProblem) or _id_hash(parsed.custom_id) not in suspects:
-                continue
-            first = first_seen.setdefault(parsed.custom_id, line_no)
-            if first != line_no:
-                check.records -= 1
-                message = f"duplicate custom_id {parsed.custom_id!r} (first on line {first})"
-                check.add_problem(LineProblem(line_no, message), max_problems=max_problems)
+        mark_duplicates(
+            parse_jsonl(stream, input_field=input_field), check=check, suspects=suspects, max_problems=max_problems
+        )
+
+
+def mark_duplicates(
+    items: Iterable[Record | LineProblem], *, check: JsonlCheck, suspects: set[int], max_problems: int
+) -> None:
+    """Count a problem for each record whose custom_id (one of the `suspects` hashes) was seen before."""
+    first_seen: dict[str, int] = {}
+    for item in items:
+        if isinstance(item, LineProblem) or id_hash(item.custom_id) not in suspects:
+            continue
+        first = first_seen.setdefault(item.custom_id, item.line)
+        if first != item.line:
+            check.records -= 1
+            message = f"duplicate custom_id {item.custom_id!r} (first on {check.unit} {first})"
+            check.add_problem(check.problem(item.line, message), max_problems=max_problems)
     check.problems.sort(key=lambda problem: problem.line)
 
 

@@ -7,7 +7,7 @@ and credentials for the store, never the database.
 from __future__ import annotations
 
 from tasks.storage.base import ObjectStore, StorageError, TransientStorageError, join_uri
-from tasks.storage.registry import store_for
+from tasks.storage.registry import presigned_url, store_for
 from tasks.storage.s3 import S3Store
 
-__all__ = ["ObjectStore", "S3Store", "StorageError", "TransientStorageError", "join_uri", "store_for"]
+__all__ = ["ObjectStore", "S3Store", "StorageError", "TransientStorageError", "join_uri", "presigned_url", "store_for"]

@@ -20,3 +20,10 @@ def store_for(uri: str) -> ObjectStore:
     if scheme == "s3":
         return _S3
     raise StorageError(f"unsupported storage URI scheme {scheme!r} in {uri} (supported: file://, s3://)")
+
+
+def presigned_url(uri: str, *, expires_s: int) -> str | None:
+    """A URL that downloads the object without credentials for `expires_s`, where the backend can
+    sign one (S3); None otherwise (`file://`), and the caller serves the bytes itself."""
+    presign = getattr(store_for(uri), "presigned_get", None)
+    return str(presign(uri, expires_s=expires_s)) if presign is not None else None

@@ -24,9 +24,11 @@ from celery.result import AsyncResult
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.app import app
 from tasks.config import SHARD_MAX_DISPATCHES
+from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 from tasks.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shard_execution import read_committed_manifest
 from tasks.specs import ShardManifest
@@ -174,6 +176,13 @@ def _stitch_retry(job: Job, outcomes: list[ShardOutcome]) -> tuple[int, int]:
     return succeeded, failed
 
 
+def _write_parquet(job: Job) -> None:
+    """The Parquet copy of the stitched JSONL output, streamed row group by row group."""
+    target = parquet_output_uri(job_root(job))
+    with store_for(job.output_uri).open_read(job.output_uri) as lines, store_for(target).open_write(target) as out:
+        jsonl_to_parquet(lines, out, task=job.model.task)
+
+
 def _ending(succeeded: int, failed: int) -> str:
     if failed == 0:
         return JobStatus.SUCCEEDED
@@ -263,6 +272,12 @@ def _merge(job: Job, *, stop: str | None) -> None:
         _stitch(job, outcomes)
         succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
         failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
+    if job.output_format == "parquet":
+        try:
+            _write_parquet(job)
+        except ParquetOutputError as exc:
+            job_fail(job_id=job_id, reason=f"cannot write the Parquet output: {exc}")
+            return
     ending: str
     if stop:
         ending, source = STOP_ENDINGS[stop], (JobStatus.CANCELLING if stop == "cancelled" else JobStatus.MERGING)

@@ -15,11 +15,13 @@ from typing import BinaryIO
 import orjson
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.storage_layout import job_prefix, shard_input_uri, shard_prefix
+from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.services.transitions import job_fail, job_transition
-from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes, find_duplicate_ids, iter_jsonl
+from tasks.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
+from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.formats.records import Record, input_field_for
 from tasks.leases import Lease, LeaseHeld, job_lease_key
 from tasks.storage import StorageError, join_uri, store_for
@@ -42,8 +44,8 @@ class ShardWriteAborted(Exception):
 class ShardWriter:
     """Writes records into consecutive shard inputs of `shard_size` records each."""
 
-    def __init__(self, job_id: str, shard_size: int, *, first_index: int = 0) -> None:
-        self._job_id = job_id
+    def __init__(self, root: str, shard_size: int, *, first_index: int = 0) -> None:
+        self._root = root
         self._shard_size = shard_size
         self._first_index = first_index
         self._stack = ExitStack()
@@ -62,7 +64,7 @@ class ShardWriter:
     def _rotate(self) -> None:
         self._finish_current()
         index = self._first_index + len(self.shards)
-        uri = shard_input_uri(self._job_id, index)
+        uri = shard_input_uri(self._root, index)
         self._handle = self._stack.enter_context(store_for(uri).open_write(uri))
         self.shards.append(PlannedShard(index=index, first_record=self._written, record_count=0, input_uri=uri))
 
@@ -89,23 +91,37 @@ class ShardWriter:
         self._handle = None
 
 
+def job_input_options(job: Job) -> InputOptions:
+    return InputOptions(format=job.input_format, text_column=job.text_column or None, id_column=job.id_column or None)
+
+
 def _cut_shards(job: Job, *, input_field: str, max_problems: int) -> tuple[JsonlCheck, list[PlannedShard]]:
     store = store_for(job.input_uri)
     check = JsonlCheck()
-    writer = ShardWriter(str(job.id), job.shard_size)
+    writer = ShardWriter(job_root(job), job.shard_size)
+    options = job_input_options(job)
     try:
-        with store.open_read(job.input_uri) as stream:
-            for record in iter_jsonl(stream, input_field=input_field, check=check, max_problems=max_problems):
-                if check.problem_count == 0:
-                    writer.add(record)
+        records = iter_records(
+            lambda: store.open_read(job.input_uri),
+            uri=job.input_uri,
+            options=options,
+            input_field=input_field,
+            check=check,
+            max_problems=max_problems,
+        )
+        for record in records:
+            if check.problem_count == 0:
+                writer.add(record)
     except BaseException:
         writer.abort()
         raise
     shards = writer.close()
     suspects = colliding_id_hashes(check)
     if suspects:
-        find_duplicate_ids(
+        find_duplicate_records(
             lambda: store.open_read(job.input_uri),
+            uri=job.input_uri,
+            options=options,
             input_field=input_field,
             check=check,
             suspects=suspects,
@@ -137,8 +153,11 @@ def _plan(job_id: str) -> None:
     except StorageError as exc:
         job_fail(job_id=job_id, reason=f"cannot read the input: {exc}", source=JobStatus.PLANNING)
         return
+    except InputOptionsError as exc:
+        job_fail(job_id=job_id, reason=f"input rejected: {exc}", source=JobStatus.PLANNING)
+        return
     if not check.ok:
-        input_prefix = join_uri(job_prefix(job_id), "input")
+        input_prefix = join_uri(job_root(job), "input")
         store_for(input_prefix).delete_prefix(input_prefix)
         job_fail(job_id=job_id, reason=f"input rejected: {check.summary(limit=limit)}", source=JobStatus.PLANNING)
         return
@@ -151,7 +170,7 @@ def _plan(job_id: str) -> None:
                 first_record=planned.first_record,
                 record_count=planned.record_count,
                 input_uri=planned.input_uri,
-                prefix_uri=shard_prefix(job_id, planned.index),
+                prefix_uri=shard_prefix(job_root(job), planned.index),
             )
             for planned in shards
         )
@@ -161,6 +180,7 @@ def _plan(job_id: str) -> None:
             target=JobStatus.RUNNING,
             total_records=check.records,
             shard_count=len(shards),
+            started_at=timezone.now(),
         )
         if not moved:
             # Cancelled or expired while planning: roll the shards back with the transaction.

@@ -1,27 +1,46 @@
-"""Where a job's objects live under Batchery's storage."""
+"""Where a job's objects live: under its root, fixed at submission (`job_prefix` of the storage
+configured then), so a job keeps its place even if the configured storage changes later."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from tasks.storage import join_uri
 
+if TYPE_CHECKING:
+    from portal.jobs.models import Job
+
+OUTPUT_NAME = "output.jsonl"
+
 
 def job_prefix(job_id: str) -> str:
+    """The root of a new job's objects in the storage configured now."""
     return join_uri(settings.BATCHERY_STORAGE_URL, "jobs", str(job_id))
 
 
-def shard_input_uri(job_id: str, index: int) -> str:
-    return join_uri(job_prefix(job_id), "input", f"shard-{index:05d}.jsonl")
+def job_root(job: Job) -> str:
+    """The root of an existing job's objects: the folder of its output."""
+    return job.output_uri.rsplit("/", 1)[0]
 
 
-def shard_prefix(job_id: str, index: int) -> str:
-    return join_uri(job_prefix(job_id), "shards", f"{index:05d}")
+def shard_input_uri(root: str, index: int) -> str:
+    return join_uri(root, "input", f"shard-{index:05d}.jsonl")
+
+
+def shard_prefix(root: str, index: int) -> str:
+    return join_uri(root, "shards", f"{index:05d}")
 
 
 def output_uri(job_id: str) -> str:
-    return join_uri(job_prefix(job_id), "output.jsonl")
+    return join_uri(job_prefix(job_id), OUTPUT_NAME)
 
 
 def errors_uri(job_id: str) -> str:
     return join_uri(job_prefix(job_id), "errors.jsonl")
+
+
+def parquet_output_uri(root: str) -> str:
+    """The Parquet copy of the output, for jobs that ask for Parquet (the JSONL stays: retries stitch it)."""
+    return join_uri(root, "output.parquet")

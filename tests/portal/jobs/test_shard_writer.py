@@ -19,7 +19,7 @@ def _record(n: int) -> Record:
 
 
 def test_records_are_cut_into_shards_of_the_given_size() -> None:
-    writer = ShardWriter(str(uuid.uuid4()), 2)
+    writer = ShardWriter(job_prefix(str(uuid.uuid4())), 2)
     for n in range(5):
         writer.add(_record(n))
     shards = writer.close()
@@ -29,7 +29,7 @@ def test_records_are_cut_into_shards_of_the_given_size() -> None:
 
 def test_an_aborted_writer_publishes_no_part_of_the_shard_it_was_writing() -> None:
     job_id = str(uuid.uuid4())
-    writer = ShardWriter(job_id, 2)
+    writer = ShardWriter(job_prefix(job_id), 2)
     for n in range(3):
         writer.add(_record(n))
     writer.abort()

@@ -10,8 +10,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.jobs.models import Job
 from portal.jobs.selectors import job_progress
-from portal.jobs.services.submit import SubmissionError, job_submit
+from portal.jobs.services.submit import OUTPUT_FORMATS, SubmissionError, job_submit
 from portal.tenancy.services import tenant_get_or_create
+from tasks.formats.inputs import FORMATS
 
 
 def watch_job(job: Job, *, poll_s: float = 0.5, timeout_s: float | None = None) -> Job:
@@ -39,11 +40,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", required=True, help="catalog name, e.g. all-MiniLM-L6-v2")
         parser.add_argument("--model-version", default=None)
-        parser.add_argument("--input", required=True, help="a JSONL path or URI (file://...)")
+        parser.add_argument("--input", required=True, help="a path or URI (file://, s3://): JSONL, CSV, TSV, Parquet")
         parser.add_argument("--tenant", default="default", help="tenant to submit as (created if missing)")
         parser.add_argument("--shard-size", type=int, default=None, help="records per shard")
         parser.add_argument("--params", default="{}", help="JSON object of run-time parameters")
         parser.add_argument("--deadline", type=float, default=None, help="seconds until the job expires")
+        parser.add_argument(
+            "--format", default="auto", choices=FORMATS, help="input format (auto: by name and content)"
+        )
+        parser.add_argument("--text-column", default="", help="CSV, TSV, Parquet: the column holding the input")
+        parser.add_argument("--id-column", default="", help="CSV, TSV, Parquet: the column holding the custom_id")
+        parser.add_argument("--output-format", default="jsonl", choices=OUTPUT_FORMATS)
         parser.add_argument("--wait", action="store_true", help="show progress and wait until the job ends")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -61,6 +68,10 @@ class Command(BaseCommand):
                 params=params,
                 shard_size=options["shard_size"],
                 deadline_seconds=options["deadline"],
+                input_format=options["format"],
+                text_column=options["text_column"],
+                id_column=options["id_column"],
+                output_format=options["output_format"],
             )
         except SubmissionError as exc:
             raise CommandError(exc.message) from None

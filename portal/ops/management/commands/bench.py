@@ -1,11 +1,15 @@
-"""`manage.py bench` (`make bench`): the whole stack against the bare model loop, same sentences.
+"""`manage.py bench` (`make bench`): the whole stack against the bare model loop, same sentences,
+then planning and merging of large inputs.
 
 Prints records per second of a 20,000-sentence embedding job through submit, plan, shards on warm
-workers and merge, and of `model.encode` in batches of 32 in one process, and their ratio.
+workers and merge, and of `model.encode` in batches of 32 in one process, and their ratio. Then, for
+inputs of about 200 MB and 2 GB (`--io-sizes-mb`), the time, MB/s and peak RSS of planning and of
+merging, each in its own process (see `portal.ops.bench_io`). `--skip-io` and `--only-io` run one half.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -20,6 +24,7 @@ from django.db.models import Sum
 from portal.catalog.models import Model
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_io import DEFAULT_SIZES_MB, render_io_results, run_io_bench
 from portal.ops.demo import write_demo_dataset
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
@@ -45,20 +50,52 @@ def bare_loop_rates(sentences: list[str], *, source: str, batch_size: int) -> tu
     return rates[0], rates[1]
 
 
+def sizes_mb(value: str) -> list[int]:
+    """`200,2000` -> [200, 2000]: input sizes in MB for the I/O benchmark."""
+    try:
+        sizes = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MB sizes separated by commas, got {value!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive MB sizes, got {value!r}")
+    return sizes
+
+
 class Command(BaseCommand):
-    help = "Benchmark a whole-stack embedding job against the bare model loop."
+    help = "Benchmark a whole-stack embedding job against the bare model loop, then planning and merging."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--sentences", type=int, default=20_000)
         parser.add_argument("--shard-size", type=int, default=None)
         # A slot per core: the fastest split of a CPU machine for this small model (see gpuworkers.slots).
         parser.add_argument("--cpu-slots", type=int, default=os.cpu_count() or 1)
+        parser.add_argument(
+            "--io-sizes-mb",
+            type=sizes_mb,
+            default=list(DEFAULT_SIZES_MB),
+            help="input sizes of the planning and merging benchmark, in MB (default 200,2000)",
+        )
+        halves = parser.add_mutually_exclusive_group()
+        halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
+        halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        call_command("migrate", verbosity=0)
+        if not options["only_io"]:
+            self.stack_bench(options)
+        if not options["skip_io"]:
+            self.io_bench(options["io_sizes_mb"])
+
+    def io_bench(self, sizes: list[int]) -> None:
+        self.stdout.write("")
+        self.stdout.write(f"planning and merging inputs of {', '.join(f'{size} MB' for size in sizes)} ...")
+        results = run_io_bench(sizes, say=self.stdout.write)
+        self.stdout.write(render_io_results(results))
+
+    def stack_bench(self, options: dict[str, Any]) -> None:
         count = options["sentences"]
         dataset = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / f"sentences-{count}.jsonl", sentences=count)
         sentences = [json.loads(line)["input"] for line in dataset.read_text().splitlines()]
-        call_command("migrate", verbosity=0)
         model = Model.objects.get(is_default=True, enabled=True)
         batch_size = int(model.default_params.get("batch_size", 32))
 
