@@ -25,6 +25,11 @@ logger = logging.getLogger("gpuworkers.launcher")
 MAX_BACKOFF_S = 30.0
 
 
+def worker_name(slot: Slot, hostname: str) -> str:
+    """The slot worker's Celery node name, by which remote control (a drain) addresses it."""
+    return f"slot{slot.index}-{slot.gpu_class}@{hostname}"
+
+
 def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> list[str]:
     return [
         sys.executable,
@@ -42,7 +47,7 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
         "--pool",
         "prefork",
         "--hostname",
-        f"slot{slot.index}-{slot.gpu_class}@{hostname}",
+        worker_name(slot, hostname),
         "--loglevel",
         loglevel,
         "--without-gossip",
@@ -50,7 +55,9 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
     ]
 
 
-def worker_env(slot: Slot, base: dict[str, str], *, preload: list[str] | None = None) -> dict[str, str]:
+def worker_env(
+    slot: Slot, base: dict[str, str], *, hostname: str | None = None, preload: list[str] | None = None
+) -> dict[str, str]:
     env = dict(base)
     if preload:
         # Read by `tasks.preload` when the slot's process starts; a model that fails stops the slot.
@@ -61,6 +68,9 @@ def worker_env(slot: Slot, base: dict[str, str], *, preload: list[str] | None = 
     env.setdefault("REMAP_SIGTERM", "SIGQUIT")
     env["BATCHERY_SLOT"] = str(slot.index)
     env["BATCHERY_GPU_CLASS"] = slot.gpu_class
+    # The heartbeat carries these, so the portal can tell this worker to stop consuming (drain).
+    env["BATCHERY_WORKER_NAME"] = worker_name(slot, hostname or socket.gethostname())
+    env["BATCHERY_QUEUE"] = slot.queue
     if slot.torch_threads:
         env["BATCHERY_TORCH_THREADS"] = str(slot.torch_threads)
         # Tokenizers and BLAS spawn their own threads; a slot must stay within its share of the cores.
@@ -93,7 +103,9 @@ class Launcher:
 
     def _start(self, child: Child) -> None:
         command = worker_command(child.slot, app=self.app, hostname=self.hostname, loglevel=self.loglevel)
-        child.process = subprocess.Popen(command, env=worker_env(child.slot, dict(os.environ), preload=self.preload))
+        child.process = subprocess.Popen(
+            command, env=worker_env(child.slot, dict(os.environ), hostname=self.hostname, preload=self.preload)
+        )
         child.started_at = time.monotonic()
         logger.info(
             "slot %d (%s, CUDA_VISIBLE_DEVICES=%r) started as pid %d on %s",

@@ -39,6 +39,8 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.ops",
     "portal.batches",
+    "portal.audit",
+    "portal.web",
 ]
 
 MIDDLEWARE = [
@@ -107,6 +109,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "web:dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
@@ -161,5 +167,7 @@ BATCHERY_MAX_UPLOAD_BYTES = env_int("BATCHERY_MAX_UPLOAD_BYTES", 200 * 1024 * 10
 # Storage URI prefixes that API callers may name as a job input besides their own uploads
 # (comma-separated, e.g. "file:///srv/datasets,s3://datasets"). Empty: uploads only.
 BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
+# Presigned download links (S3) stay valid this long.
+BATCHERY_PRESIGNED_URL_EXPIRES_S = env_int("BATCHERY_PRESIGNED_URL_EXPIRES_S", 900, minimum=1)
 # Uploads above this size spill from memory to a temporary file while they are received.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024

@@ -28,6 +28,7 @@ urlpatterns = [
         name="api-docs",
     ),
     path("v1/", include("portal.batches.urls")),
+    path("", include("portal.web.urls")),
 ]
 
 handler404 = "portal.api.errors.page_not_found"

@@ -1,7 +1,9 @@
 """Slot heartbeats: each slot's worker process writes its state to Redis with a TTL.
 
 The portal lists the fleet from these keys; a slot that dies stops renewing and drops out within
-one TTL. Only processes started by the launcher (which sets BATCHERY_SLOT) send heartbeats.
+one TTL. Only processes started by the launcher (which sets BATCHERY_SLOT) send heartbeats. A beat
+names the slot's Celery worker and queue (BATCHERY_WORKER_NAME, BATCHERY_QUEUE, also set by the
+launcher) so that operators can drain it; a drained worker is marked under `draining_key`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from typing import Any
 
 import redis
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 from gpuworkers.cache import process_cache
 from gpuworkers.telemetry import gpu_telemetry
@@ -28,6 +30,10 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = env_int("BATCHERY_HEARTBEAT_INTERVAL_S", 5, minimum=1)
 HEARTBEAT_TTL_S = 3 * HEARTBEAT_INTERVAL_S
 FLEET_KEY_PREFIX = "batchery:fleet:"
+DRAINING_KEY_PREFIX = "batchery:draining:"
+# A drained worker stays idle until it is restarted, which clears the mark; this only bounds a
+# mark left by a worker that vanished.
+DRAINING_TTL_S = 7 * 24 * 3600
 _stop = threading.Event()
 
 
@@ -35,6 +41,11 @@ def heartbeat_key(host: str, slot: str) -> str:
     """One key per slot: a host may run launchers of several classes, each numbering its slots."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
     return f"{FLEET_KEY_PREFIX}{host}:{os.environ.get('BATCHERY_GPU_CLASS', '')}:{slot}:{devices}"
+
+
+def draining_key(worker: str) -> str:
+    """Set while the slot worker of this Celery node name takes no new shards."""
+    return f"{DRAINING_KEY_PREFIX}{worker}"
 
 
 def _devices() -> list[int]:
@@ -50,6 +61,8 @@ def slot_heartbeat() -> dict[str, Any]:
         "gpu_class": os.environ.get("BATCHERY_GPU_CLASS", ""),
         "gpus": gpus,
         "pid": os.getpid(),
+        "worker": os.environ.get("BATCHERY_WORKER_NAME", ""),
+        "queue": os.environ.get("BATCHERY_QUEUE", ""),
         "loaded_models": [f"{name}@{version}" for name, version in process_cache().resident()],
         "current_shard": slot_state.current_shard,
         "telemetry": gpu_telemetry(gpus),
@@ -74,6 +87,18 @@ def start_heartbeat(**_: Any) -> None:
         return
     key = heartbeat_key(socket.gethostname(), slot)
     threading.Thread(target=_beat, args=(key,), name="heartbeat", daemon=True).start()
+
+
+@worker_ready.connect
+def clear_draining_mark(**_: Any) -> None:
+    """A slot worker that (re)starts consumes its queue again, whatever an earlier drain said."""
+    worker = os.environ.get("BATCHERY_WORKER_NAME")
+    if not worker:
+        return
+    try:
+        redis_client().delete(draining_key(worker))
+    except redis.RedisError as exc:
+        logger.warning("draining mark of %s not cleared: %s", worker, exc)
 
 
 @worker_process_shutdown.connect

@@ -11,7 +11,9 @@ from rest_framework import serializers
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobUsage
 from portal.jobs.selectors import job_progress
+from portal.jobs.services.submit import OUTPUT_FORMATS
 from portal.tenancy.models import ApiKey, Membership
+from tasks.formats.inputs import FORMATS
 from tasks.formats.records import input_field_for
 
 
@@ -40,6 +42,10 @@ class JobSerializer(serializers.ModelSerializer):
             "input_uri",
             "input_bytes",
             "params",
+            "input_format",
+            "text_column",
+            "id_column",
+            "output_format",
             "shard_size",
             "shard_count",
             "total_records",
@@ -90,6 +96,12 @@ class JobCreateSerializer(serializers.Serializer):
         max_length=1000, required=False, help_text="Or the input's storage URI, under a location the tenant may read."
     )
     params = serializers.JSONField(required=False, help_text="Run-time parameters (a JSON object).")
+    input_format = serializers.ChoiceField(
+        choices=FORMATS, default="auto", help_text="auto: by the file's name and content; gzip and zstd detected."
+    )
+    text_column = serializers.CharField(max_length=200, required=False, help_text="CSV, TSV, Parquet: the input.")
+    id_column = serializers.CharField(max_length=200, required=False, help_text="CSV, TSV, Parquet: the custom_id.")
+    output_format = serializers.ChoiceField(choices=OUTPUT_FORMATS, default="jsonl")
     shard_size = serializers.IntegerField(min_value=1, required=False)
     deadline_seconds = serializers.FloatField(min_value=1, required=False)
 

@@ -197,7 +197,7 @@ class BatchCancelView(BatchView):
     @extend_schema(tags=TAGS, request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, batch_id: str) -> Response:
         try:
-            batch = batch_cancel(batch=self._batch(request, batch_id))
+            batch = batch_cancel(batch=self._batch(request, batch_id), actor=request_user(request))
         except CannotStop as exc:
             raise conflict(str(exc)) from None
         return Response(batch_object(batch))

@@ -1,26 +1,70 @@
+"""The catalog in the admin: GPU classes and models; model changes are audited and published."""
+
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
+from django.db import transaction
+from django.db.models import Count, QuerySet
+from django.forms import ModelForm
 from django.http import HttpRequest
 
+from portal.audit.admin import admin_actor
+from portal.audit.services import audit_change, field_values, stored_field_values
 from portal.catalog.models import GpuClass, Model
 from portal.catalog.services import catalog_publish
 
 
 @admin.register(GpuClass)
 class GpuClassAdmin(admin.ModelAdmin):
-    list_display = ["name", "description", "memory_gb"]
+    list_display = ["name", "description", "memory_gb", "model_count"]
+    search_fields = ["name", "description"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[GpuClass]:
+        return super().get_queryset(request).annotate(model_count=Count("models"))
+
+    @admin.display(description="models", ordering="model_count")
+    def model_count(self, gpu_class: GpuClass) -> int:
+        return int(getattr(gpu_class, "model_count", 0))
 
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "version", "engine", "task", "gpu_class", "gpus_per_replica", "enabled", "is_default"]
-    list_filter = ["engine", "task", "gpu_class", "enabled"]
+    list_display = [
+        "name",
+        "version",
+        "engine",
+        "task",
+        "gpu_class",
+        "gpus_per_replica",
+        "enabled",
+        "is_default",
+        "created_at",
+    ]
+    list_filter = ["engine", "task", "gpu_class", "enabled", "is_default"]
     list_select_related = ["gpu_class"]
-    search_fields = ["name", "description"]
+    search_fields = ["name", "description", "source"]
 
-    def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: Model, form: ModelForm, change: bool) -> None:
+        before = stored_field_values(obj) if change else None
         super().save_model(request, obj, form, change)
+        audit_change(
+            actor=admin_actor(request), action="model.changed", target=obj, before=before, after=field_values(obj)
+        )
+        catalog_publish()
+
+    def delete_model(self, request: HttpRequest, obj: Model) -> None:
+        with transaction.atomic():
+            audit_change(
+                actor=admin_actor(request), action="model.changed", target=obj, before=field_values(obj), after=None
+            )
+            super().delete_model(request, obj)
+        catalog_publish()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:
+        with transaction.atomic():
+            for obj in queryset.select_related("gpu_class"):
+                audit_change(
+                    actor=admin_actor(request), action="model.changed", target=obj, before=field_values(obj), after=None
+                )
+            super().delete_queryset(request, queryset)
         catalog_publish()

@@ -1,8 +1,35 @@
+"""Jobs in the admin: find them (filters, search), cancel, retry or re-run them; shards read-only."""
+
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
+from portal.audit.admin import admin_actor
 from portal.jobs.models import Job, JobUsage, Shard
+from portal.jobs.services.rerun import job_rerun
+from portal.jobs.services.retry import CannotRetry, job_retry
+from portal.jobs.services.stop import CannotStop, job_cancel
+from portal.jobs.services.submit import SubmissionError
+from tasks.storage import StorageError
+
+SHARD_FIELDS = (
+    "index",
+    "round",
+    "status",
+    "record_count",
+    "succeeded_records",
+    "failed_records",
+    "attempt",
+    "worker",
+    "started_at",
+    "finished_at",
+    "load_seconds",
+    "compute_seconds",
+)
 
 
 class ShardInline(admin.TabularInline):
@@ -10,10 +37,10 @@ class ShardInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ("index", "status", "record_count", "succeeded_records", "failed_records", "attempt", "worker")
+    fields = SHARD_FIELDS
     readonly_fields = fields
 
-    def has_add_permission(self, request: object, obj: object = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 
@@ -31,23 +58,79 @@ class JobAdmin(admin.ModelAdmin):
     ]
     list_filter = ["status", "tenant", "model", "created_at"]
     list_select_related = ["tenant", "model"]
-    search_fields = ["id", "input_uri"]
+    search_fields = ["id", "input_uri", "tenant__name"]
     date_hierarchy = "created_at"
     readonly_fields = [field.name for field in Job._meta.fields]
     inlines = [ShardInline]
+    actions = ["cancel_jobs", "retry_jobs", "rerun_jobs"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Jobs come from submissions (CLI, API, portal), which check the input and the quota.
+        return False
+
+    @admin.action(description="Cancel selected jobs", permissions=["change"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset:
+            try:
+                cancelled = job_cancel(job=job, actor=admin_actor(request))
+            except CannotStop as exc:
+                self.message_user(request, f"not cancelled: {exc}", messages.WARNING)
+            else:
+                self.message_user(request, f"job {job.id}: {cancelled.status}", messages.SUCCESS)
+
+    @admin.action(description="Retry failed shards of selected jobs", permissions=["change"])
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset:
+            try:
+                retried = job_retry(job=job, actor=admin_actor(request))
+            except CannotRetry as exc:
+                self.message_user(request, f"not retried: {exc}", messages.WARNING)
+            except StorageError as exc:
+                self.message_user(request, f"job {job.id} not retried: its errors file: {exc}", messages.ERROR)
+            else:
+                self.message_user(
+                    request, f"job {job.id}: {retried.status}, retry round {retried.retry_round}", messages.SUCCESS
+                )
+
+    @admin.action(description="Re-run selected jobs", permissions=["change"])
+    def rerun_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset.select_related("tenant", "model"):
+            try:
+                rerun = job_rerun(job=job, actor=admin_actor(request))
+            except SubmissionError as exc:
+                self.message_user(request, f"job {job.id} not re-run: {exc.message}", messages.WARNING)
+            else:
+                link = reverse("admin:jobs_job_change", args=[rerun.pk])
+                self.message_user(
+                    request,
+                    format_html('job {} re-run as <a href="{}">job {}</a>', job.id, link, rerun.id),
+                    messages.SUCCESS,
+                )
 
 
 @admin.register(Shard)
 class ShardAdmin(admin.ModelAdmin):
-    list_display = ["job", "index", "status", "record_count", "attempt", "worker", "compute_seconds"]
+    list_display = [
+        "job",
+        "index",
+        "round",
+        "status",
+        "record_count",
+        "attempt",
+        "worker",
+        "started_at",
+        "load_seconds",
+        "compute_seconds",
+    ]
     list_filter = ["status"]
     list_select_related = ["job"]
+    search_fields = ["job__id", "worker"]
     readonly_fields = [field.name for field in Shard._meta.fields]
 
-    def has_add_permission(self, request: object) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 
@@ -60,8 +143,8 @@ class JobUsageAdmin(admin.ModelAdmin):
     list_select_related = ["tenant", "model"]
     readonly_fields = [field.name for field in JobUsage._meta.fields]
 
-    def has_add_permission(self, request: object) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -83,7 +83,13 @@ class Stack:
         self.env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         python = sys.executable
         options = self.options
-        for command in (["migrate", "--no-input", "-v", "0"], ["catalog", "publish"]):
+        # collectstatic: WhiteNoise serves the portal's and the admin's assets from STATIC_ROOT.
+        setup = [
+            ["migrate", "--no-input", "-v", "0"],
+            ["catalog", "publish"],
+            ["collectstatic", "--no-input", "-v", "0"],
+        ]
+        for command in setup:
             subprocess.run([python, "manage.py", *command], env=self.env, cwd=BASE_DIR, check=True)
         if options.portal:
             self._spawn(

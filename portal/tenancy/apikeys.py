@@ -12,8 +12,10 @@ import hmac
 import secrets
 
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.utils import timezone
 
+from portal.audit.services import audit_record
 from portal.tenancy.models import ApiKey, Tenant
 
 KEY_PREFIX = "bk"
@@ -25,15 +27,34 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _label(key: ApiKey) -> str:
+    return f"{KEY_PREFIX}_{key.prefix}" + (f" ({key.name})" if key.name else "")
+
+
 def apikey_create(
-    *, tenant: Tenant, user: User, name: str = "", expires_at: dt.datetime | None = None
+    *,
+    tenant: Tenant,
+    user: User,
+    name: str = "",
+    expires_at: dt.datetime | None = None,
+    actor: User | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key; return it with its plaintext, which is not stored and cannot be shown again."""
+    """Create a key for `user`; return it with its plaintext, which is not stored and cannot be shown
+    again. `actor` is who asked for it, for the audit log."""
     prefix = secrets.token_hex(4)
     plaintext = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(
-        tenant=tenant, user=user, name=name, prefix=prefix, hashed_key=_digest(plaintext), expires_at=expires_at
-    )
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant=tenant, user=user, name=name, prefix=prefix, hashed_key=_digest(plaintext), expires_at=expires_at
+        )
+        audit_record(
+            actor=actor,
+            action="apikey.created",
+            target=key,
+            tenant=tenant,
+            summary=f"API key {_label(key)} created for {user.get_username()}",
+            changes={"expires_at": [None, expires_at]} if expires_at else None,
+        )
     return key, plaintext
 
 
@@ -53,5 +74,18 @@ def apikey_authenticate(plaintext: str) -> ApiKey | None:
     return key
 
 
-def apikey_revoke(*, key: ApiKey) -> None:
-    ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=timezone.now())
+def apikey_revoke(*, key: ApiKey, actor: User | None = None) -> bool:
+    """Revoke a key; True if this call did (a key already revoked stays as it was)."""
+    now = timezone.now()
+    with transaction.atomic():
+        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=now) > 0
+        if revoked:
+            audit_record(
+                actor=actor,
+                action="apikey.revoked",
+                target=key,
+                tenant=key.tenant,
+                summary=f"API key {_label(key)} revoked",
+                changes={"revoked_at": [None, now]},
+            )
+    return revoked

@@ -1,10 +1,11 @@
-"""Writes to tenants and memberships."""
+"""Writes to tenants and memberships; membership changes are audited as `membership.changed`."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from portal.audit.services import audit_record
 from portal.tenancy.models import Membership, Quota, Tenant
 
 
@@ -38,28 +39,50 @@ def _check_keeps_an_owner(membership: Membership) -> None:
             raise MembershipRefused("a tenant keeps at least one owner")
 
 
-def membership_add(*, tenant: Tenant, username: str, role: str, actor_role: str) -> Membership:
+def _audit_role(membership: Membership, old: str | None, new: str | None, actor: User | None, what: str) -> None:
+    audit_record(
+        actor=actor,
+        action="membership.changed",
+        target=membership,
+        tenant=membership.tenant,
+        summary=f"{membership.user.get_username()} {what} in {membership.tenant.name}",
+        changes={"role": [old, new]},
+    )
+
+
+def membership_add(
+    *, tenant: Tenant, username: str, role: str, actor_role: str, actor: User | None = None
+) -> Membership:
     """Add a user (created if new, without a password: they sign in once an operator sets one)."""
     _check_may_touch(actor_role, role)
-    user, _ = User.objects.get_or_create(username=username)
-    if Membership.objects.filter(tenant=tenant, user=user).exists():
-        raise MembershipRefused(f"{username} is already a member of {tenant.name}")
-    return Membership.objects.create(tenant=tenant, user=user, role=role)
+    with transaction.atomic():
+        user, _ = User.objects.get_or_create(username=username)
+        if Membership.objects.filter(tenant=tenant, user=user).exists():
+            raise MembershipRefused(f"{username} is already a member of {tenant.name}")
+        membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+        _audit_role(membership, None, role, actor, f"added as {role}")
+    return membership
 
 
-def membership_set_role(*, membership: Membership, role: str, actor_role: str) -> Membership:
+def membership_set_role(*, membership: Membership, role: str, actor_role: str, actor: User | None = None) -> Membership:
     _check_may_touch(actor_role, role, membership.role)
     with transaction.atomic():
         locked = Membership.objects.select_for_update().get(pk=membership.pk)
         if role != Membership.Role.OWNER:
             _check_keeps_an_owner(locked)
+        old = locked.role
         locked.role = role
         locked.save(update_fields=["role"])
+        if old != role:
+            _audit_role(locked, old, role, actor, f"changed from {old} to {role}")
     return locked
 
 
-def membership_remove(*, membership: Membership, actor_role: str) -> None:
+def membership_remove(*, membership: Membership, actor_role: str, actor: User | None = None) -> None:
     _check_may_touch(actor_role, membership.role)
     with transaction.atomic():
-        _check_keeps_an_owner(Membership.objects.select_for_update().get(pk=membership.pk))
+        locked = Membership.objects.select_for_update().get(pk=membership.pk)
+        _check_keeps_an_owner(locked)
+        # Recorded before the row goes, so the entry still names it.
+        _audit_role(locked, locked.role, None, actor, "removed")
         membership.delete()

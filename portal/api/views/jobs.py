@@ -6,9 +6,10 @@ from typing import Any
 
 from django.conf import settings
 from django.http import StreamingHttpResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
@@ -22,12 +23,22 @@ from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import JobCreateSerializer, JobSerializer
 from portal.api.uploads import refuse_oversized_request, store_upload
 from portal.jobs.models import Job
+from portal.jobs.selectors import job_output_file
+from portal.jobs.services.input_access import tenant_input_roots
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import SubmissionError, job_submit
-from portal.jobs.services.uploads import uploads_root
-from tasks.storage import StorageError, store_for
+from tasks.storage import StorageError, presigned_url, store_for
 
+DOWNLOAD_URLS = inline_serializer(
+    "DownloadUrls",
+    {
+        "output": serializers.URLField(),
+        "errors": serializers.URLField(),
+        "presigned": serializers.BooleanField(help_text="True: links straight to storage, for `expires_in` seconds."),
+        "expires_in": serializers.IntegerField(),
+    },
+)
 ERROR_RESPONSES = {
     400: OpenApiResponse(description="Invalid request; `error.fields` and `error.lines` name the problems."),
     401: OpenApiResponse(description="No valid API key or session."),
@@ -69,7 +80,11 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                 params=data.get("params"),
                 shard_size=data.get("shard_size"),
                 deadline_seconds=data.get("deadline_seconds"),
-                input_roots=[*settings.BATCHERY_INPUT_ROOTS, uploads_root(access.tenant.pk)],
+                input_format=data["input_format"],
+                text_column=data.get("text_column", ""),
+                id_column=data.get("id_column", ""),
+                output_format=data["output_format"],
+                input_roots=tenant_input_roots(access.tenant),
             )
         except SubmissionError as exc:
             if "file" in data:
@@ -81,7 +96,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         try:
-            job = job_cancel(job=self.get_object())
+            job = job_cancel(job=self.get_object(), actor=request_user(request))
         except CannotStop as exc:
             raise conflict(str(exc)) from None
         return Response(JobSerializer(job, context={"request": request}).data)
@@ -90,32 +105,51 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str) -> Response:
         try:
-            job = job_retry(job=self.get_object())
+            job = job_retry(job=self.get_object(), actor=request_user(request))
         except CannotRetry as exc:
             raise conflict(str(exc)) from None
         return Response(JobSerializer(job, context={"request": request}).data)
 
-    def _download(self, job: Job, uri: str, name: str) -> StreamingHttpResponse:
+    def _files(self, job: Job) -> dict[str, tuple[str, str]]:
         if not job.is_finished or not job.shard_count:
             raise conflict(f"job {job.id} is {job.status}; its files exist once it has ended")
+        return {"output": job_output_file(job), "errors": (job.errors_uri, "errors.jsonl")}
+
+    def _download(self, job: Job, name: str) -> StreamingHttpResponse:
+        uri, filename = self._files(job)[name]
+        content_type = "application/vnd.apache.parquet" if filename.endswith(".parquet") else "application/jsonl"
         try:
-            return stream_object(uri, filename=f"{job.id}-{name}.jsonl")
+            return stream_object(uri, filename=f"{job.id}-{filename}", content_type=content_type)
         except StorageError as exc:
             raise conflict(f"the {name} file of job {job.id} cannot be read: {exc}") from None
 
     @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
     @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)
     def output(self, request: Request, pk: str) -> StreamingHttpResponse:
-        """The output file: one line per input record, in input order."""
-        job = self.get_object()
-        return self._download(job, job.output_uri, "output")
+        """The output file: one line (or Parquet row) per input record, in input order."""
+        return self._download(self.get_object(), "output")
 
     @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
     @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)
     def errors(self, request: Request, pk: str) -> StreamingHttpResponse:
         """The error file: the lines of the records that failed."""
+        return self._download(self.get_object(), "errors")
+
+    @extend_schema(responses={200: DOWNLOAD_URLS, 409: OpenApiResponse(description="Not ended yet.")})
+    @action(detail=True, methods=["get"], url_path="download-urls")
+    def download_urls(self, request: Request, pk: str) -> Response:
+        """Links to the output and error files: presigned by the store where it can (S3), so the bytes
+        go straight from storage to the client; else the API's own download links."""
         job = self.get_object()
-        return self._download(job, job.errors_uri, "errors")
+        expires_s = settings.BATCHERY_PRESIGNED_URL_EXPIRES_S
+        urls: dict[str, Any] = {"expires_in": expires_s, "presigned": True}
+        for name, (uri, _) in self._files(job).items():
+            url = presigned_url(uri, expires_s=expires_s)
+            if url is None:
+                urls["presigned"] = False
+                url = request.build_absolute_uri(reverse(f"api:job-{name}", kwargs={"pk": job.pk}))
+            urls[name] = url
+        return Response(urls)
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "request": self.request}

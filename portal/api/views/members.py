@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import User
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api.access import request_access
+from portal.api.access import request_access, request_user
 from portal.api.errors import conflict
 from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import (
@@ -41,20 +40,21 @@ class ApiKeyViewSet(
     def create(self, request: Request) -> Response:
         form = ApiKeySerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        user = request.user
-        assert isinstance(user, User)
+        user = request_user(request)
+        assert user is not None
         key, plaintext = apikey_create(
             tenant=request_access(request).tenant,
             user=user,
             name=form.validated_data.get("name", ""),
             expires_at=form.validated_data.get("expires_at"),
+            actor=user,
         )
         body = ApiKeyCreatedSerializer(key).data
         body["key"] = plaintext
         return Response(body, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: ApiKey) -> None:
-        apikey_revoke(key=instance)
+        apikey_revoke(key=instance, actor=request_user(self.request))
 
 
 class MembershipViewSet(TenantScopedMixin, viewsets.ModelViewSet):
@@ -73,6 +73,7 @@ class MembershipViewSet(TenantScopedMixin, viewsets.ModelViewSet):
                 username=form.validated_data["user"]["username"],
                 role=form.validated_data.get("role", Membership.Role.MEMBER),
                 actor_role=access.role,
+                actor=request_user(request),
             )
         except MembershipRefused as exc:
             raise conflict(str(exc)) from None
@@ -84,7 +85,10 @@ class MembershipViewSet(TenantScopedMixin, viewsets.ModelViewSet):
         form.is_valid(raise_exception=True)
         try:
             membership = membership_set_role(
-                membership=self.get_object(), role=form.validated_data["role"], actor_role=request_access(request).role
+                membership=self.get_object(),
+                role=form.validated_data["role"],
+                actor_role=request_access(request).role,
+                actor=request_user(request),
             )
         except MembershipRefused as exc:
             raise conflict(str(exc)) from None
@@ -92,6 +96,8 @@ class MembershipViewSet(TenantScopedMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Membership) -> None:
         try:
-            membership_remove(membership=instance, actor_role=request_access(self.request).role)
+            membership_remove(
+                membership=instance, actor_role=request_access(self.request).role, actor=request_user(self.request)
+            )
         except MembershipRefused as exc:
             raise conflict(str(exc)) from None

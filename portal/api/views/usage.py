@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet, Sum
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
@@ -14,6 +13,7 @@ from portal.api.pagination import CreatedCursorPagination
 from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import JobUsageSerializer, PeriodUsageSerializer
 from portal.jobs.models import JobUsage
+from portal.jobs.selectors import usage_per_month
 
 
 class RecordedCursorPagination(CreatedCursorPagination):
@@ -32,18 +32,5 @@ class UsageViewSet(TenantScopedMixin, mixins.ListModelMixin, viewsets.GenericVie
     @action(detail=False, methods=["get"], pagination_class=None)
     def periods(self, request: Request) -> Response:
         """Totals per month, newest first (filters as for the list)."""
-        rows: QuerySet[JobUsage, dict[str, object]] = (
-            self.filter_queryset(self.get_queryset())
-            .order_by()
-            .values("period")
-            .annotate(
-                jobs=Count("job"),
-                records_succeeded=Sum("records_succeeded"),
-                records_failed=Sum("records_failed"),
-                prompt_tokens=Sum("prompt_tokens"),
-                completion_tokens=Sum("completion_tokens"),
-                gpu_seconds=Sum("gpu_seconds"),
-            )
-            .order_by("-period")
-        )
+        rows = usage_per_month(self.filter_queryset(self.get_queryset()))
         return Response(PeriodUsageSerializer(rows, many=True).data)

@@ -146,13 +146,13 @@ def batch_create(
     return batch
 
 
-def batch_cancel(*, batch: Batch) -> Batch:
-    """Cancel the batch's job; raises `CannotStop` if it has ended (or never ran)."""
+def batch_cancel(*, batch: Batch, actor: User | None = None) -> Batch:
+    """Cancel the batch's job; raises `CannotStop` if it has ended (or never ran). `actor` is who asked."""
     from portal.jobs.services.stop import CannotStop
 
     if batch.job is None:
         raise CannotStop(f"batch {batch.id} failed validation and has nothing to cancel")
-    job_cancel(job=batch.job)
+    job_cancel(job=batch.job, actor=actor)
     return Batch.objects.select_related("job").get(pk=batch.pk)
 
 

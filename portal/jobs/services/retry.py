@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 
 import orjson
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
 
+from portal.audit.services import audit_record
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
 from portal.jobs.services.plan import ShardWriter
-from portal.jobs.services.storage_layout import shard_prefix
+from portal.jobs.services.storage_layout import job_root, shard_prefix
 from portal.jobs.services.transitions import job_transition
 from tasks.formats.records import Record
 from tasks.stops import clear_stop
@@ -33,7 +35,8 @@ def _failed_ids(job: Job) -> set[str]:
         return {orjson.loads(line)["custom_id"] for line in errors}
 
 
-def job_retry(*, job: Job) -> Job:
+def job_retry(*, job: Job, actor: User | None = None) -> Job:
+    """Run the failed records of an ended job again; `actor` is who asked, for the audit log."""
     if job.status not in RETRYABLE_STATUSES or not job.shard_count:
         raise CannotRetry(f"job {job.id} is {job.status}; only a partially succeeded, failed or expired job retries")
     failed = _failed_ids(job)
@@ -41,7 +44,8 @@ def job_retry(*, job: Job) -> Job:
         raise CannotRetry(f"job {job.id} has no failed records")
     job_id = str(job.id)
     round_ = job.retry_round + 1
-    writer = ShardWriter(job_id, job.shard_size, first_index=(job.shards.aggregate(last=Max("index"))["last"] or 0) + 1)
+    root = job_root(job)
+    writer = ShardWriter(root, job.shard_size, first_index=(job.shards.aggregate(last=Max("index"))["last"] or 0) + 1)
     try:
         for shard in job.shards.filter(round=job.retry_round).order_by("index"):
             with store_for(shard.input_uri).open_read(shard.input_uri) as source:
@@ -68,12 +72,20 @@ def job_retry(*, job: Job) -> Job:
                 first_record=shard.first_record,
                 record_count=shard.record_count,
                 input_uri=shard.input_uri,
-                prefix_uri=shard_prefix(job_id, shard.index),
+                prefix_uri=shard_prefix(root, shard.index),
             )
             for shard in planned
         )
         from portal.jobs.services.dispatch import job_dispatch
 
         transaction.on_commit(lambda: job_dispatch(job_id=job_id))
+        audit_record(
+            actor=actor,
+            action="job.retried",
+            target=job,
+            tenant=job.tenant,
+            summary=f"job {job_id}: {len(failed)} failed records run again (round {round_})",
+            changes={"status": [job.status, JobStatus.RUNNING], "retry_round": [job.retry_round, round_]},
+        )
     logger.info("job %s: retrying %d failed records in %d shards (round %d)", job_id, len(failed), len(planned), round_)
     return Job.objects.get(pk=job_id)

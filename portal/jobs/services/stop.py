@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from portal.audit.services import audit_record
 from portal.jobs.models import Job, JobStatus, ShardStatus
 from portal.jobs.services.transitions import job_transition
 from tasks.config import CONTROL_QUEUE
@@ -51,11 +53,24 @@ def _end_before_running(job_id: str, ending: str) -> bool:
     )
 
 
-def job_cancel(*, job: Job) -> Job:
-    """Cancel a job: at once if it has not started running, else within a micro-batch."""
+def _audit_cancel(job: Job, old_status: str, new_status: str, actor: User | None) -> None:
+    audit_record(
+        actor=actor,
+        action="job.cancelled",
+        target=job,
+        tenant=job.tenant,
+        summary=f"job {job.id} {new_status} (was {old_status})",
+        changes={"status": [old_status, new_status]},
+    )
+
+
+def job_cancel(*, job: Job, actor: User | None = None) -> Job:
+    """Cancel a job: at once if it has not started running, else within a micro-batch. `actor` is who
+    asked, for the audit log."""
     job_id = str(job.id)
     request_stop(job_id, "cancelled")
     if _end_before_running(job_id, JobStatus.CANCELLED):
+        _audit_cancel(job, job.status, JobStatus.CANCELLED, actor)
         return Job.objects.get(pk=job_id)
     with transaction.atomic():
         if not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.CANCELLING):
@@ -63,6 +78,7 @@ def job_cancel(*, job: Job) -> Job:
             raise CannotStop(f"job {job_id} is {job.status}; only a queued, planning or running job can be cancelled")
         _revoke_unfinished(job)
         _finalize(job_id, "cancelled")
+        _audit_cancel(job, JobStatus.RUNNING, JobStatus.CANCELLING, actor)
     logger.info("job %s cancelling", job_id)
     return Job.objects.get(pk=job_id)
 

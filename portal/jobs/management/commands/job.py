@@ -7,6 +7,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from portal.audit.cli import add_actor_argument
 from portal.jobs.models import Job
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.retry import CannotRetry, job_retry
@@ -23,7 +24,10 @@ class Command(BaseCommand):
             ("cancel", "cancel a queued or running job"),
             ("retry", "run a finished job's failed records again, into the same output"),
         ):
-            actions.add_parser(action, help=text).add_argument("job_id")
+            subparser = actions.add_parser(action, help=text)
+            subparser.add_argument("job_id")
+            if action != "show":
+                add_actor_argument(subparser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -32,9 +36,9 @@ class Command(BaseCommand):
             raise CommandError(f"no job {options['job_id']}") from None
         try:
             if options["action"] == "cancel":
-                job = job_cancel(job=job)
+                job = job_cancel(job=job, actor=options["actor"])
             elif options["action"] == "retry":
-                job = job_retry(job=job)
+                job = job_retry(job=job, actor=options["actor"])
         except (CannotStop, CannotRetry) as exc:
             raise CommandError(str(exc)) from None
         progress = job_progress(job)

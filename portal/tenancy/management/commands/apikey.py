@@ -1,6 +1,7 @@
 """`manage.py apikey create --tenant NAME --user USERNAME [--role ROLE] [--name LABEL]`.
 
-Creates the user and the membership if needed, then prints the key once, on its own line.
+Creates the user and the membership if needed, then prints the key once, on its own line. `--actor`
+names the operator in the audit log.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from portal.audit.cli import add_actor_argument
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Tenant
+from portal.tenancy.services import membership_add
 
 
 class Command(BaseCommand):
@@ -24,12 +27,22 @@ class Command(BaseCommand):
         create.add_argument("--user", required=True)
         create.add_argument("--role", default=Membership.Role.MEMBER, choices=Membership.Role.values)
         create.add_argument("--name", default="", help="a label to recognise the key by")
+        add_actor_argument(create)
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(name=options["tenant"]).first()
         if tenant is None:
             raise CommandError(f"no tenant named {options['tenant']!r}; create it with `manage.py tenant create`")
+        actor = options["actor"]
         user, _ = User.objects.get_or_create(username=options["user"])
-        Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": options["role"]})
-        _, plaintext = apikey_create(tenant=tenant, user=user, name=options["name"])
+        if not Membership.objects.filter(user=user, tenant=tenant).exists():
+            # An operator at the shell may grant any role.
+            membership_add(
+                tenant=tenant,
+                username=user.username,
+                role=options["role"],
+                actor_role=Membership.Role.OWNER,
+                actor=actor,
+            )
+        _, plaintext = apikey_create(tenant=tenant, user=user, name=options["name"], actor=actor)
         self.stdout.write(plaintext)

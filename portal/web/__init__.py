@@ -1,0 +1,1 @@
+"""The web portal: server-rendered pages for people, with small live parts."""

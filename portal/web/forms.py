@@ -1,0 +1,92 @@
+"""The portal's forms: they check the shape of what was typed; `job_submit` checks the rest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.db.models import QuerySet
+
+from portal.catalog.models import Model
+from portal.jobs.services.submit import OUTPUT_FORMATS
+from tasks.formats.inputs import FORMATS
+
+FORMAT_LABELS = {"auto": "Detect from name and content", "jsonl": "JSONL", "csv": "CSV", "tsv": "TSV"}
+
+
+class SubmitForm(forms.Form):
+    model = forms.ChoiceField(label="Model")
+    file = forms.FileField(label="Input file", required=False)
+    input_uri = forms.CharField(
+        label="Storage URI",
+        required=False,
+        max_length=1000,
+        widget=forms.TextInput(attrs={"placeholder": "s3://bucket/key.jsonl or file:///srv/data/input.jsonl"}),
+    )
+    params = forms.CharField(
+        label="Parameters (JSON object)",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "placeholder": '{"normalize": true}'}),
+    )
+    shard_size = forms.IntegerField(label="Shard size (records)", required=False, min_value=1)
+    input_format = forms.ChoiceField(
+        label="Input format", choices=[(name, FORMAT_LABELS.get(name, name.title())) for name in FORMATS]
+    )
+    text_column = forms.CharField(label="Text column", required=False, max_length=200)
+    id_column = forms.CharField(label="ID column", required=False, max_length=200)
+    output_format = forms.ChoiceField(
+        label="Output format",
+        choices=[(name, "JSONL" if name == "jsonl" else "JSONL + Parquet") for name in OUTPUT_FORMATS],
+    )
+    deadline_seconds = forms.IntegerField(label="Deadline (seconds from now)", required=False, min_value=1)
+
+    def __init__(self, *args: Any, models: QuerySet[Model], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.models = {str(model.pk): model for model in models}
+        field = self.fields["model"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(pk, f"{model.name} · v{model.version} · {model.task}") for pk, model in self.models.items()]
+        default = next((pk for pk, model in self.models.items() if model.is_default), None)
+        if default and not self.is_bound:
+            self.initial.setdefault("model", default)
+
+    def clean_params(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("params") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('must be a JSON object, such as {"normalize": true}')
+        return value
+
+    def clean_file(self) -> Any:
+        upload = self.cleaned_data.get("file")
+        limit = settings.BATCHERY_MAX_UPLOAD_BYTES
+        if upload is not None and upload.size is not None and upload.size > limit:
+            raise forms.ValidationError(f"the file is {upload.size} bytes; uploads are limited to {limit} bytes")
+        return upload
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        has_file, has_uri = bool(data.get("file")), bool((data.get("input_uri") or "").strip())
+        if has_file == has_uri and not self.has_error("file"):
+            self.add_error("file", "upload a file or give a storage URI (one of them)")
+        return data
+
+    @property
+    def chosen_model(self) -> Model:
+        return self.models[self.cleaned_data["model"]]
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(
+        label="Name", required=False, max_length=100, widget=forms.TextInput(attrs={"placeholder": "e.g. nightly-etl"})
+    )
+    expires_in_days = forms.IntegerField(
+        label="Expires in (days)", required=False, min_value=1, max_value=3650, help_text="Empty: never."
+    )

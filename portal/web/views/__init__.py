@@ -1,0 +1,1 @@
+"""The portal's views: thin, tenant-scoped through `portal.web.access.tenant_view`."""

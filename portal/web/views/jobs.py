@@ -1,0 +1,238 @@
+"""Jobs: the dashboard, the submit form, a job's page with its live panel, cancel, retry, downloads."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.models import User
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.views.decorators.http import require_POST
+
+from portal.api.downloads import stream_object
+from portal.catalog.selectors import models_for_tenant
+from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
+from portal.jobs.selectors import job_output_file
+from portal.jobs.services.input_access import tenant_input_roots
+from portal.jobs.services.retry import CannotRetry, job_retry
+from portal.jobs.services.stop import CannotStop, job_cancel
+from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.services.uploads import UploadTooLarge, upload_store
+from portal.tenancy.models import Membership
+from portal.web.access import PortalAccess, page, refused, tenant_view
+from portal.web.forms import SubmitForm
+from portal.web.selectors import (
+    error_lines,
+    job_row,
+    job_rows,
+    job_timeline,
+    quota_use,
+    shard_grid,
+    tenant_jobs,
+    throughput_history,
+)
+from tasks.storage import StorageError, store_for
+
+JOBS_PER_PAGE = 25
+CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.PLANNING, JobStatus.RUNNING})
+ADVANCED_FIELDS = frozenset(
+    {"shard_size", "input_format", "text_column", "id_column", "output_format", "deadline_seconds"}
+)
+# Where a refusal from `job_submit` belongs on the form (the service names `format`, the form `input_format`).
+REFUSAL_FIELDS = {"format": "input_format", **{name: name for name in ADVANCED_FIELDS | {"model", "params"}}}
+
+
+def _user(request: HttpRequest) -> User | None:
+    return request.user if isinstance(request.user, User) else None
+
+
+def _dashboard_context(request: HttpRequest, portal: PortalAccess) -> dict[str, Any]:
+    jobs = Paginator(tenant_jobs(portal.tenant), JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = job_rows(jobs)
+    return {
+        "rows": rows,
+        "jobs_page": jobs,
+        "quota": quota_use(portal.tenant),
+        # Poll every second while something runs; slowly otherwise, so new jobs still show up.
+        "poll": "1s" if any(row.job.status not in FINAL_STATUSES for row in rows) else "5s",
+    }
+
+
+@tenant_view()
+def dashboard(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
+    return page(request, portal, "web/dashboard.html", _dashboard_context(request, portal))
+
+
+@tenant_view()
+def dashboard_live(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
+    """The dashboard's live part (quota cards and the jobs table), polled by htmx."""
+    return page(request, portal, "web/_dashboard_live.html", _dashboard_context(request, portal))
+
+
+def _store_input(portal: PortalAccess, form: SubmitForm) -> tuple[str, bool]:
+    """The input URI to submit, and whether it is an upload this request stored."""
+    upload = form.cleaned_data.get("file")
+    if upload is None:
+        return form.cleaned_data["input_uri"].strip(), False
+    uri, _ = upload_store(tenant_id=portal.tenant.pk, filename=upload.name or "input.jsonl", chunks=upload.chunks())
+    return uri, True
+
+
+def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job:
+    data = form.cleaned_data
+    model = form.chosen_model
+    input_uri, uploaded = _store_input(portal, form)
+    try:
+        return job_submit(
+            tenant=portal.tenant,
+            user=_user(request),
+            model_name=model.name,
+            model_version=model.version,
+            input_uri=input_uri,
+            params=data["params"],
+            shard_size=data.get("shard_size"),
+            deadline_seconds=data.get("deadline_seconds"),
+            input_roots=tenant_input_roots(portal.tenant),
+            input_format=data["input_format"],
+            text_column=data.get("text_column", "").strip(),
+            id_column=data.get("id_column", "").strip(),
+            output_format=data["output_format"],
+        )
+    except SubmissionError:
+        if uploaded:
+            # A refused job keeps nothing: the upload goes with it.
+            store_for(input_uri).delete_prefix(input_uri)
+        raise
+
+
+@tenant_view(role=Membership.Role.MEMBER)
+def submit(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
+    models = models_for_tenant(portal.tenant).order_by("name", "-version")
+    form = SubmitForm(request.POST or None, request.FILES or None, models=models)
+    refusal: SubmissionError | None = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = _submit(request, portal, form)
+        except UploadTooLarge as exc:
+            form.add_error("file", str(exc))
+        except SubmissionError as exc:
+            refusal = exc
+        else:
+            return redirect("web:job", job_id=job.pk)
+    refused_field = REFUSAL_FIELDS.get(refusal.field, "") if refusal else ""
+    if refusal and refused_field:
+        form.add_error(refused_field, refusal.message)
+    context = {
+        "form": form,
+        "models": list(models),
+        "refusal": _refusal(refusal) if refusal else None,
+        "max_upload": settings.BATCHERY_MAX_UPLOAD_BYTES,
+        "advanced_open": refused_field in ADVANCED_FIELDS or any(form.has_error(name) for name in ADVANCED_FIELDS),
+    }
+    return page(request, portal, "web/submit.html", context, status=400 if request.method == "POST" else 200)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused submission as the form shows it: a headline, then each bad line on its own."""
+
+    headline: str
+    problems: list[tuple[str, str]]
+    """(where, what): "line 2" or "row 2" (empty for the whole file), and the message."""
+    more: str
+    """"and 5 more bad lines" when more were found than listed."""
+    quota: bool
+
+
+def _refusal(exc: SubmissionError) -> Refusal:
+    # The service's message lists the problems inline ("input rejected: 2 bad lines: line 2: …; line 4: …");
+    # the form lists them one per row instead, so only the part before the first is the headline.
+    problems = [(str(problem)[: -len(problem.message)].rstrip(": "), problem.message) for problem in exc.problems]
+    headline, more = exc.message, ""
+    if exc.problems:
+        headline = exc.message.split(f": {exc.problems[0]}", 1)[0]
+        if "; and " in exc.message:
+            more = "and " + exc.message.rsplit("; and ", 1)[1]
+    return Refusal(headline=headline, problems=problems, more=more, quota=isinstance(exc, QuotaExceeded))
+
+
+def _job(portal: PortalAccess, job_id: uuid.UUID) -> Job:
+    """The job if it is the tenant's; 404 otherwise, the same as for a job that does not exist."""
+    return get_object_or_404(tenant_jobs(portal.tenant), pk=job_id)
+
+
+def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
+    member = portal.allows(Membership.Role.MEMBER)
+    return {
+        "job": job,
+        "row": job_row(job),
+        "timeline": job_timeline(job),
+        "shards": shard_grid(job),
+        "errors": error_lines(job),
+        # An ended job's chart comes from its shards' timings; a running one's from the polls.
+        "history_json": json.dumps(throughput_history(job) if job.is_finished else []),
+        "can_cancel": member and job.status in CANCELLABLE,
+        "can_retry": member and job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0,
+        "downloads": job.is_finished and job.shard_count > 0,
+        "sampled_at": time.time(),
+    }
+
+
+@tenant_view()
+def job_detail(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    return page(request, portal, "web/job.html", _job_context(portal, _job(portal, job_id)))
+
+
+@tenant_view()
+def job_live(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    """The job page's live panel, polled by htmx every second until the job has ended."""
+    return page(request, portal, "web/_job_live.html", _job_context(portal, _job(portal, job_id)))
+
+
+@require_POST
+@tenant_view(role=Membership.Role.MEMBER)
+def job_cancel_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    job = _job(portal, job_id)
+    try:
+        job_cancel(job=job, actor=_user(request))
+    except CannotStop as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Cancelling: running shards stop at their next batch; finished work is kept.")
+    return redirect("web:job", job_id=job.pk)
+
+
+@require_POST
+@tenant_view(role=Membership.Role.MEMBER)
+def job_retry_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    job = _job(portal, job_id)
+    try:
+        job_retry(job=job, actor=_user(request))
+    except CannotRetry as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Retrying the {job.failed_records:,} failed records.")
+    return redirect("web:job", job_id=job.pk)
+
+
+@tenant_view()
+def job_download(
+    request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID, name: str
+) -> HttpResponse | StreamingHttpResponse:
+    """Stream the job's output or errors file (only the tenant's jobs, only once they have ended)."""
+    job = _job(portal, job_id)
+    if not job.is_finished or not job.shard_count:
+        return refused(request, portal, f"Job {job.pk} is {job.status}; its files exist once it has ended.", status=409)
+    uri, filename = job_output_file(job) if name == "output" else (job.errors_uri, "errors.jsonl")
+    content_type = "application/vnd.apache.parquet" if filename.endswith(".parquet") else "application/jsonl"
+    try:
+        return stream_object(uri, filename=f"{job.pk}-{filename}", content_type=content_type)
+    except StorageError as exc:
+        return refused(request, portal, f"The {name} file of job {job.pk} cannot be read: {exc}", status=409)
