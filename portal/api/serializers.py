@@ -46,6 +46,7 @@ class JobSerializer(serializers.ModelSerializer):
             "text_column",
             "id_column",
             "output_format",
+            "priority",
             "shard_size",
             "shard_count",
             "total_records",
@@ -102,6 +103,9 @@ class JobCreateSerializer(serializers.Serializer):
     text_column = serializers.CharField(max_length=200, required=False, help_text="CSV, TSV, Parquet: the input.")
     id_column = serializers.CharField(max_length=200, required=False, help_text="CSV, TSV, Parquet: the custom_id.")
     output_format = serializers.ChoiceField(choices=OUTPUT_FORMATS, default="jsonl")
+    priority = serializers.IntegerField(
+        min_value=0, max_value=9, required=False, help_text="At most the tenant's priority; default: the tenant's."
+    )
     shard_size = serializers.IntegerField(min_value=1, required=False)
     deadline_seconds = serializers.FloatField(min_value=1, required=False)
 

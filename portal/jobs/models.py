@@ -74,6 +74,9 @@ class Job(models.Model):
         max_length=10, choices=[("jsonl", "JSONL"), ("parquet", "Parquet")], default="jsonl"
     )
     params = models.JSONField(default=dict, blank=True)
+    priority = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="0-9, at most the tenant's; empty: the tenant's priority."
+    )
     shard_size = models.PositiveIntegerField(help_text="Records per shard.")
 
     total_records = models.PositiveBigIntegerField(null=True, blank=True)

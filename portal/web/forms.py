@@ -41,6 +41,13 @@ class SubmitForm(forms.Form):
         choices=[(name, "JSONL" if name == "jsonl" else "JSONL + Parquet") for name in OUTPUT_FORMATS],
     )
     deadline_seconds = forms.IntegerField(label="Deadline (seconds from now)", required=False, min_value=1)
+    priority = forms.IntegerField(
+        label="Priority (0-9)",
+        required=False,
+        min_value=0,
+        max_value=9,
+        help_text="Lower it for background work; it cannot exceed your tenant's.",
+    )
 
     def __init__(self, *args: Any, models: QuerySet[Model], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -153,7 +153,12 @@ def test_rerun_submits_a_new_queued_job_with_the_same_settings(
 ) -> None:
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(3)])
     job = job_submit(
-        tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=2, params={"batch_size": 4}
+        tenant=acme,
+        model_name="all-MiniLM-L6-v2",
+        input_uri=str(path),
+        shard_size=2,
+        params={"batch_size": 4},
+        deadline_seconds=600,
     )
     Job.objects.filter(pk=job.pk).update(status=JobStatus.FAILED)
 
@@ -164,6 +169,8 @@ def test_rerun_submits_a_new_queued_job_with_the_same_settings(
     assert rerun.created_by == operator
     same = ("tenant_id", "model_id", "input_uri", "params", "shard_size", "input_format", "output_format")
     assert {name: getattr(rerun, name) for name in same} == {name: getattr(job, name) for name in same}
+    assert rerun.deadline_at is not None
+    assert (rerun.deadline_at - rerun.created_at).total_seconds() == pytest.approx(600, abs=1)
     assert any(f"job {job.pk} re-run as" in message and str(rerun.pk) in message for message in messages)
     (entry,) = AuditEntry.objects.filter(action="job.rerun")
     assert (entry.actor, entry.target_id, entry.tenant) == (operator, str(job.pk), acme)

@@ -84,6 +84,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                 text_column=data.get("text_column", ""),
                 id_column=data.get("id_column", ""),
                 output_format=data["output_format"],
+                priority=data.get("priority"),
                 input_roots=tenant_input_roots(access.tenant),
             )
         except SubmissionError as exc:

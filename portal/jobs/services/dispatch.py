@@ -65,7 +65,8 @@ def job_dispatch(*, job_id: str) -> None:
         return
     shards = list(job.shards.filter(status=ShardStatus.PENDING).order_by("index"))
     queue = gpu_queue(job.model.gpu_class.name, job.model.gpus_per_replica)
-    priority = message_priority(job.tenant.priority)
+    # A job may run below its tenant's priority (background work), never above it.
+    priority = message_priority(job.tenant.priority if job.priority is None else min(job.priority, job.tenant.priority))
     signatures = []
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
     # with no message, which the reconciler finds and sends again; the reverse would run shards the

@@ -12,11 +12,13 @@ from portal.jobs.services.submit import job_submit
 
 
 def job_rerun(*, job: Job, actor: User | None) -> Job:
-    """Submit a new job with the tenant, model, input, params, formats and shard size of `job`.
+    """Submit a new job with the tenant, model, input, params, formats and shard size of `job`, and a
+    deadline as long as the one it was given (counted from now).
 
     Goes through `job_submit`, so the input is checked again and the tenant's quota applies; raises
     `SubmissionError` (or `QuotaExceeded`) as a submission would.
     """
+    deadline_seconds = (job.deadline_at - job.created_at).total_seconds() if job.deadline_at else None
     with transaction.atomic():
         rerun = job_submit(
             tenant=job.tenant,
@@ -30,6 +32,7 @@ def job_rerun(*, job: Job, actor: User | None) -> Job:
             text_column=job.text_column,
             id_column=job.id_column,
             output_format=job.output_format,
+            deadline_seconds=deadline_seconds,
         )
         audit_record(
             actor=actor,

@@ -215,6 +215,7 @@ def job_submit(
     text_column: str = "",
     id_column: str = "",
     output_format: str = "jsonl",
+    priority: int | None = None,
 ) -> Job:
     """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines).
 
@@ -235,6 +236,11 @@ def job_submit(
     if output_format not in OUTPUT_FORMATS:
         raise SubmissionError(
             f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not {output_format!r}", field="output_format"
+        )
+    if priority is not None and not 0 <= priority <= tenant.priority:
+        raise SubmissionError(
+            f"priority must be from 0 to {tenant.priority} (the tenant's own priority), not {priority}",
+            field="priority",
         )
     if shard_size is not None and shard_size < 1:
         raise SubmissionError("shard_size must be a positive number of records", field="shard_size")
@@ -263,6 +269,7 @@ def job_submit(
             text_column=text_column,
             id_column=id_column,
             output_format=output_format,
+            priority=priority,
             shard_size=shard_size or default_shard_size(records),
             total_records=checked.records,
             output_uri=output_uri(job_id),

@@ -43,7 +43,7 @@ from tasks.storage import StorageError, store_for
 JOBS_PER_PAGE = 25
 CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.PLANNING, JobStatus.RUNNING})
 ADVANCED_FIELDS = frozenset(
-    {"shard_size", "input_format", "text_column", "id_column", "output_format", "deadline_seconds"}
+    {"shard_size", "input_format", "text_column", "id_column", "output_format", "deadline_seconds", "priority"}
 )
 # Where a refusal from `job_submit` belongs on the form (the service names `format`, the form `input_format`).
 REFUSAL_FIELDS = {"format": "input_format", **{name: name for name in ADVANCED_FIELDS | {"model", "params"}}}
@@ -99,6 +99,7 @@ def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job
             params=data["params"],
             shard_size=data.get("shard_size"),
             deadline_seconds=data.get("deadline_seconds"),
+            priority=data.get("priority"),
             input_roots=tenant_input_roots(portal.tenant),
             input_format=data["input_format"],
             text_column=data.get("text_column", "").strip(),

@@ -51,6 +51,7 @@ class Command(BaseCommand):
         parser.add_argument("--text-column", default="", help="CSV, TSV, Parquet: the column holding the input")
         parser.add_argument("--id-column", default="", help="CSV, TSV, Parquet: the column holding the custom_id")
         parser.add_argument("--output-format", default="jsonl", choices=OUTPUT_FORMATS)
+        parser.add_argument("--priority", type=int, default=None, help="0-9, at most the tenant's (default: it)")
         parser.add_argument("--wait", action="store_true", help="show progress and wait until the job ends")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -72,6 +73,7 @@ class Command(BaseCommand):
                 text_column=options["text_column"],
                 id_column=options["id_column"],
                 output_format=options["output_format"],
+                priority=options["priority"],
             )
         except SubmissionError as exc:
             raise CommandError(exc.message) from None
