@@ -164,8 +164,8 @@ SPECTACULAR_SETTINGS = {
 }
 # Uploaded inputs (REST and /v1/files) larger than this are refused with 413.
 BATCHERY_MAX_UPLOAD_BYTES = env_int("BATCHERY_MAX_UPLOAD_BYTES", 200 * 1024 * 1024, minimum=1)
-# Storage URI prefixes that API callers may name as a job input besides their own uploads
-# (comma-separated, e.g. "file:///srv/datasets,s3://datasets"). Empty: uploads only.
+# Storage URI prefixes every tenant's API callers may read job inputs from, besides their uploads and
+# their tenant's `storage_prefixes` (comma-separated, e.g. "file:///srv/datasets,s3://datasets").
 BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
 # Presigned download links (S3) stay valid this long.
 BATCHERY_PRESIGNED_URL_EXPIRES_S = env_int("BATCHERY_PRESIGNED_URL_EXPIRES_S", 900, minimum=1)
