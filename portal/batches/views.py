@@ -153,7 +153,11 @@ class BatchesView(APIView):
 
     @extend_schema(tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        batches = Batch.objects.select_related("job__model").filter(tenant=request_access(request).tenant)
+        batches = (
+            Batch.objects.select_related("job__model")
+            .prefetch_related("job__events")
+            .filter(tenant=request_access(request).tenant)
+        )
         return _page(request, batches, batch_object)
 
     @extend_schema(tags=TAGS, request=BatchCreateSerializer, responses={200: OpenApiTypes.OBJECT})
@@ -181,6 +185,7 @@ class BatchView(APIView):
     def _batch(self, request: Request, batch_id: str) -> Batch:
         batch = (
             Batch.objects.select_related("job__model")
+            .prefetch_related("job__events")
             .filter(tenant=request_access(request).tenant, pk=batch_id)
             .first()
         )
