@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
+from pathlib import Path
 
-from gpuworkers.launcher import Launcher
+from gpuworkers import settings
+from gpuworkers.launcher import Launcher, MetricsOptions
+from gpuworkers.logs import configure_logging
 from gpuworkers.slots import plan_slots
 
 
@@ -34,16 +36,30 @@ def main(argv: list[str] | None = None) -> int:
         "--preload", nargs="*", default=[], metavar="MODEL", help="models (name or name@version) each slot loads first"
     )
     launch.add_argument("--loglevel", default="INFO")
+    launch.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"port of the host's /metrics (default BATCHERY_METRICS_PORT or {settings.DEFAULT_METRICS_PORT}; 0: none)",
+    )
+    launch.add_argument(
+        "--metrics-address", default=None, help="address /metrics binds (default BATCHERY_METRICS_ADDRESS or 0.0.0.0)"
+    )
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.loglevel)
     try:
         slots = plan_slots(
             gpus=args.gpus, gpus_per_worker=args.gpus_per_worker, gpu_class=args.gpu_class, cpu_slots=args.cpu_slots
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return Launcher(slots, app=args.app, loglevel=args.loglevel, preload=args.preload).run()
+    metrics = MetricsOptions(
+        port=settings.metrics_port() if args.metrics_port is None else args.metrics_port,
+        address=args.metrics_address or settings.metrics_address(),
+        directory=Path(settings.metrics_dir()) if settings.metrics_dir() else None,
+    )
+    return Launcher(slots, app=args.app, loglevel=args.loglevel, preload=args.preload, metrics=metrics).run()
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def run_records(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_out_of_memory_split: Callable[[int], None] | None = None,
+    on_micro_batch: Callable[[int], None] | None = None,
     propagate: tuple[type[BaseException], ...] = (),
 ) -> Iterator[RecordResult]:
     """Run ``(custom_id, input)`` items through ``engine`` in micro-batches; yield results in input order.
@@ -76,7 +77,8 @@ def run_records(
     After each micro-batch's results are yielded, ``on_progress(records_done, errors)`` is called
     with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
     the iterator ends, and cancelling is the caller's business. ``on_out_of_memory_split(records)``
-    is called each time a batch of that many records ran out of memory and is split in halves.
+    is called each time a batch of that many records ran out of memory and is split in halves, and
+    ``on_micro_batch(records)`` with the size of each micro-batch before it runs.
     Exceptions of the ``propagate`` types are not a record's fault (e.g. the task's soft time
     limit): they end the run instead of being isolated.
 
@@ -89,9 +91,10 @@ def run_records(
     for start in range(0, len(items), micro_batch_size):
         if should_stop is not None and should_stop():
             return
-        results = _run_micro_batch(
-            engine, items[start : start + micro_batch_size], params, on_out_of_memory_split, propagate
-        )
+        batch = items[start : start + micro_batch_size]
+        if on_micro_batch is not None:
+            on_micro_batch(len(batch))
+        results = _run_micro_batch(engine, batch, params, on_out_of_memory_split, propagate)
         yield from results
         done += len(results)
         errors += sum(result.error is not None for result in results)

@@ -16,7 +16,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuworkers import settings
+from gpuworkers import metrics, settings
 from gpuworkers.engines.base import Engine, create_engine
 from gpuworkers.spec import ModelSpec
 
@@ -91,19 +91,28 @@ class ModelCache:
             if entry is not None:
                 self._entries.move_to_end(key)
                 self._hits += 1
+                metrics.MODEL_CACHE_HITS.labels(*metrics.model_labels(spec.name)).inc()
                 return CacheLookup(engine=entry.engine, hit=True, load_seconds=0.0)
             budget = self._budget_for(device)
             self._evict_until_free(self._known_sizes.get(key, budget), budget)
             started = time.perf_counter()
-            engine = self._engine_factory(spec)
-            engine.load(device=device)
+            try:
+                engine = self._engine_factory(spec)
+                engine.load(device=device)
+            except BaseException:
+                metrics.MODEL_LOAD_FAILURES.labels(*metrics.model_labels(spec.name)).inc()
+                self._publish_bytes()
+                raise
             load_seconds = time.perf_counter() - started
             size = engine.memory_bytes()
             self._entries[key] = _Entry(engine=engine, size=size)
             self._known_sizes[key] = size
             self._load_counts[key] += 1
+            metrics.MODEL_LOADS.labels(*metrics.model_labels(spec.name)).inc()
+            metrics.MODEL_LOAD_DURATION.labels(*metrics.model_labels(spec.name)).observe(load_seconds)
             # The measured size may exceed the estimate; trim the others to keep within the budget.
             self._evict_until_free(0, budget, keep=key)
+            self._publish_bytes()
             if size > budget:
                 logger.warning("model %s:%s holds %d bytes, over the cache budget of %d", *key, size, budget)
             logger.info("loaded model %s:%s on %s in %.2f s (%d bytes)", *key, device, load_seconds, size)
@@ -136,6 +145,7 @@ class ModelCache:
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
                 entry.engine.unload()
+            self._publish_bytes()
 
     def _budget_for(self, device: str) -> int:
         if self._budget is None:
@@ -144,6 +154,9 @@ class ModelCache:
 
     def _resident_bytes(self) -> int:
         return sum(entry.size for entry in self._entries.values())
+
+    def _publish_bytes(self) -> None:
+        metrics.MODEL_CACHE_BYTES.labels(*metrics.slot_labels()).set(self._resident_bytes())
 
     def _evict_until_free(self, needed: int, budget: int, *, keep: CacheKey | None = None) -> None:
         for key in list(self._entries):
@@ -154,6 +167,7 @@ class ModelCache:
             entry = self._entries.pop(key)
             entry.engine.unload()
             self._evictions += 1
+            metrics.MODEL_CACHE_EVICTIONS.labels(*metrics.model_labels(key[0])).inc()
             logger.info("evicted model %s:%s (%d bytes) from the warm cache", *key, entry.size)
 
 

@@ -10,19 +10,30 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
+from gpuworkers.metrics_server import (
+    SlotStatus,
+    XidWatcher,
+    metrics_registry,
+    prepare_metrics_dir,
+    serve_metrics,
+    sweep_dead_processes,
+)
 from gpuworkers.slots import Slot
 
 logger = logging.getLogger("gpuworkers.launcher")
 
 MAX_BACKOFF_S = 30.0
+DEAD_PROCESS_SWEEP_S = 5.0
 
 
 def worker_name(slot: Slot, hostname: str) -> str:
@@ -31,12 +42,17 @@ def worker_name(slot: Slot, hostname: str) -> str:
 
 
 def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> list[str]:
+    from gpuworkers.logs import log_format
+
+    # In json mode the worker's output goes to a log system line by line: no ASCII-art banner.
+    quiet = ["--quiet"] if log_format() == "json" else []
     return [
         sys.executable,
         "-m",
         "celery",
         "--app",
         app,
+        *quiet,
         "worker",
         "--queues",
         slot.queue,
@@ -56,9 +72,19 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
 
 
 def worker_env(
-    slot: Slot, base: dict[str, str], *, hostname: str | None = None, preload: list[str] | None = None
+    slot: Slot,
+    base: dict[str, str],
+    *,
+    hostname: str | None = None,
+    preload: list[str] | None = None,
+    metrics_dir: Path | None = None,
 ) -> dict[str, str]:
     env = dict(base)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if metrics_dir is not None:
+        # Read by prometheus_client when the slot first imports it: every process of every slot
+        # writes its own files there, and the launcher's /metrics sums them.
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     if preload:
         # Read by `tasks.preload` when the slot's process starts; a model that fails stops the slot.
         env["BATCHERY_PRELOAD"] = ",".join(preload)
@@ -84,13 +110,34 @@ class Child:
     slot: Slot
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    """Restarts in a row, for the backoff; reset once the child has run a while."""
+    total_restarts: int = 0
+    """Every restart since the launcher started, for /metrics."""
     next_start: float = 0.0
     started_at: float = field(default=0.0)
 
 
+@dataclass(frozen=True)
+class MetricsOptions:
+    """Where the launcher serves the host's /metrics."""
+
+    port: int
+    """TCP port; 0 serves no metrics."""
+    address: str = "0.0.0.0"
+    """Address to bind: every interface by default, since Prometheus scrapes from another machine."""
+    directory: Path | None = None
+    """The slots' multiprocess directory, emptied at start; a new temporary one when None."""
+
+
 class Launcher:
     def __init__(
-        self, slots: list[Slot], *, app: str = "tasks.app", loglevel: str = "INFO", preload: list[str] | None = None
+        self,
+        slots: list[Slot],
+        *,
+        app: str = "tasks.app",
+        loglevel: str = "INFO",
+        preload: list[str] | None = None,
+        metrics: MetricsOptions | None = None,
     ) -> None:
         self.slots = slots
         self.preload = preload or []
@@ -98,14 +145,45 @@ class Launcher:
         self.loglevel = loglevel
         self.hostname = socket.gethostname()
         self.children = [Child(slot=slot) for slot in slots]
+        self.metrics = metrics or MetricsOptions(port=0)
+        self.metrics_dir: Path | None = None
         self._draining = False
         self._interrupts = 0
+        self._last_sweep = 0.0
+        self._owns_metrics_dir = False
+
+    def slot_statuses(self) -> list[SlotStatus]:
+        return [
+            SlotStatus(
+                slot=child.slot,
+                up=child.process is not None and child.process.poll() is None,
+                restarts=child.total_restarts,
+            )
+            for child in self.children
+        ]
+
+    def _start_metrics(self) -> None:
+        if not self.metrics.port:
+            return
+        self.metrics_dir = prepare_metrics_dir(self.metrics.directory)
+        self._owns_metrics_dir = self.metrics.directory is None
+        xids = XidWatcher(gpu for slot in self.slots for gpu in slot.gpus)
+        xids.start()
+        registry = metrics_registry(self.metrics_dir, self.slot_statuses, xids)
+        serve_metrics(registry, port=self.metrics.port, address=self.metrics.address)
+
+    def _sweep_metrics(self, now: float) -> None:
+        if self.metrics_dir is None or now - self._last_sweep < DEAD_PROCESS_SWEEP_S:
+            return
+        self._last_sweep = now
+        sweep_dead_processes(self.metrics_dir)
 
     def _start(self, child: Child) -> None:
         command = worker_command(child.slot, app=self.app, hostname=self.hostname, loglevel=self.loglevel)
-        child.process = subprocess.Popen(
-            command, env=worker_env(child.slot, dict(os.environ), hostname=self.hostname, preload=self.preload)
+        env = worker_env(
+            child.slot, dict(os.environ), hostname=self.hostname, preload=self.preload, metrics_dir=self.metrics_dir
         )
+        child.process = subprocess.Popen(command, env=env)
         child.started_at = time.monotonic()
         logger.info(
             "slot %d (%s, CUDA_VISIBLE_DEVICES=%r) started as pid %d on %s",
@@ -147,6 +225,7 @@ class Launcher:
                 child.restarts = 0
             backoff = min(MAX_BACKOFF_S, 0.5 * 2**child.restarts)
             child.restarts += 1
+            child.total_restarts += 1
             logger.warning(
                 "slot %d worker pid %d exited with %s; restarting in %.1fs",
                 child.slot.index,
@@ -156,15 +235,19 @@ class Launcher:
             )
             child.process = None
             child.next_start = now + backoff
+        self._sweep_metrics(now)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        self._start_metrics()
         while not self._draining:
             self._supervise_once()
             time.sleep(0.2)
         for child in self.children:
             if child.process is not None:
                 child.process.wait()
+        if self.metrics_dir is not None and self._owns_metrics_dir:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
         logger.info("all slots stopped")
         return 0

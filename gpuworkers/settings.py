@@ -12,6 +12,9 @@ it starts the worker and tests can change it with ``monkeypatch.setenv``. A bad 
     Records per micro-batch handed to an engine; default 256.
 ``BATCHERY_CACHE_BUDGET_BYTES``
     Bytes the warm model cache may hold; default 8 GiB on CPU, 90 % of the GPU's memory on CUDA.
+``BATCHERY_METRICS_PORT``, ``BATCHERY_METRICS_ADDRESS``, ``BATCHERY_METRICS_DIR``
+    Where the launcher serves the host's ``/metrics`` (default port 9310 on every interface; 0 serves
+    none), and the slots' multiprocess directory (default: a new temporary one, emptied at start).
 """
 
 from __future__ import annotations
@@ -99,3 +102,20 @@ def cache_budget_bytes(device: str) -> int:
 
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     return int(total * CUDA_CACHE_BUDGET_FRACTION)
+
+
+DEFAULT_METRICS_PORT = 9310
+
+
+def metrics_port() -> int:
+    """The launcher's /metrics port (``BATCHERY_METRICS_PORT``); 0 turns the endpoint off."""
+    return env_int("BATCHERY_METRICS_PORT", DEFAULT_METRICS_PORT, minimum=0)
+
+
+def metrics_address() -> str:
+    return env_str("BATCHERY_METRICS_ADDRESS", "0.0.0.0")
+
+
+def metrics_dir() -> str:
+    """The slots' multiprocess directory; empty: a new temporary directory per launch."""
+    return env_str("BATCHERY_METRICS_DIR", "")

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_prometheus",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -44,6 +45,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First and last: django-prometheus times each request from end to end (django_http_* metrics).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -53,6 +56,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.ops.middleware.DatabaseUnavailableMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -119,10 +123,22 @@ STATIC_ROOT = VAR_DIR / "static"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # BATCHERY_LOG_FORMAT picks text or JSON lines; the same formatter and context filter as the workers'.
+    "formatters": {"default": {"()": "gpuworkers.logs.env_formatter"}},
+    "filters": {"context": {"()": "gpuworkers.logs.LogContextFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "default", "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # Django's own handlers for these print bare messages (with DEBUG on, or under runserver); their
+    # records go to the root handler instead, so each is written once, in the chosen format.
+    "loggers": {
+        "django": {"handlers": [], "propagate": True},
+        "django.server": {"handlers": [], "propagate": True},
+    },
 }
+
+# When set, the portal's /metrics asks for `Authorization: Bearer <token>` (Prometheus's
+# `authorization` scrape setting); unset, it answers anyone who reaches the portal.
+BATCHERY_METRICS_TOKEN = env_str("BATCHERY_METRICS_TOKEN", "")
 
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
 BATCHERY_STORAGE_URL = storage_url()
@@ -171,3 +187,6 @@ BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
 BATCHERY_PRESIGNED_URL_EXPIRES_S = env_int("BATCHERY_PRESIGNED_URL_EXPIRES_S", 900, minimum=1)
 # Uploads above this size spill from memory to a temporary file while they are received.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+# Flower, linked from the fleet pages for staff only: the address staff's browsers reach it at (it
+# may differ from where it listens, behind a proxy). `manage.py up` points it at its own Flower.
+BATCHERY_FLOWER_URL = env_str("BATCHERY_FLOWER_URL", "http://127.0.0.1:5555/")

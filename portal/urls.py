@@ -9,6 +9,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from portal.ops.metrics.views import metrics
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     """Ready when the database answers; 503 (from the middleware) when it does not."""
@@ -20,6 +22,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("metrics", metrics, name="metrics"),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
     path(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tasks import logging_setup  # noqa: F401  (json logs; each task's job on its records)
 from tasks.config import celery_settings
 
 app = Celery("batchery")

@@ -1,6 +1,7 @@
-"""What messages the broker holds: queued or delivered-but-unacknowledged task ids.
+"""What messages the broker holds: queued or delivered-but-unacknowledged task ids, and how many.
 
-The reconciler uses it to tell a lost shard message from one that is merely waiting in a queue.
+The reconciler uses it to tell a lost shard message from one that is merely waiting in a queue;
+the portal's /metrics uses `queue_depths` for each queue's backlog.
 Kombu's Redis transport keeps each queue as a list (one list per priority step) and delivered
 messages in the `unacked` hash; both hold the task id in the message headers. For any other broker
 the answer is None ("cannot tell"), and the reconciler falls back to waiting out the visibility
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 PRIORITY_SEPARATOR = "\x06\x16"
 SCAN_CHUNK = 1000
+# kombu keeps priority p of a queue in `<queue>` for p == 0 and `<queue>\x06\x16<p>` otherwise; the
+# Celery config declares every step from 0 to 9 (`tasks.config.celery_settings`).
+PRIORITY_STEPS = range(10)
 
 
 def _task_id(raw: bytes | str) -> str | None:
@@ -82,3 +86,63 @@ def pending_task_ids(queues: Iterable[str]) -> BrokerView | None:
     finally:
         client.close()
     return BrokerView(queued=found, unacked=unacked)
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    ready: int
+    """Messages waiting in the queue, over all of its priority lists."""
+    reserved: int
+    """Messages delivered to a worker and not yet acknowledged."""
+
+
+def priority_lists(queue: str) -> list[str]:
+    """The Redis lists that hold `queue`'s messages, one per priority step; `LLEN <queue>` alone misses the rest."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
+
+def _routing_key(raw: bytes | str) -> str | None:
+    try:
+        entry: Any = json.loads(raw)
+    except ValueError:
+        return None
+    # An unacked entry is [message, exchange, routing_key]; our queues are routed by their own name.
+    if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], str):
+        return entry[2]
+    return None
+
+
+def queue_depths(queues: Iterable[str], *, client: redis.Redis | None = None) -> dict[str, QueueDepth] | None:
+    """Ready and reserved message counts per queue; None where the broker is not Redis or cannot be read.
+
+    Costs one pipelined round trip of LLENs, plus a scan of the `unacked` hash, which holds at most
+    the messages workers have prefetched (prefetch 1 per slot).
+    """
+    url = broker_url()
+    names = sorted(set(queues))
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    own = client is None
+    client = client or redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for queue in names:
+            for key in priority_lists(queue):
+                pipe.llen(key)
+        lengths = pipe.execute()
+        reserved = dict.fromkeys(names, 0)
+        for _, raw in client.hscan_iter("unacked", count=SCAN_CHUNK):
+            routed = _routing_key(raw)
+            if routed in reserved:
+                reserved[routed] += 1
+    except redis.RedisError as exc:
+        logger.warning("cannot read the broker's queue depths: %s", exc)
+        return None
+    finally:
+        if own:
+            client.close()
+    steps = len(PRIORITY_STEPS)
+    return {
+        queue: QueueDepth(ready=sum(lengths[n * steps : (n + 1) * steps]), reserved=reserved[queue])
+        for n, queue in enumerate(names)
+    }

@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = env_int("BATCHERY_HEARTBEAT_INTERVAL_S", 5, minimum=1)
 HEARTBEAT_TTL_S = 3 * HEARTBEAT_INTERVAL_S
 FLEET_KEY_PREFIX = "batchery:fleet:"
+# Every slot's last heartbeat time, by heartbeat key: outlives the beat itself, so that /metrics can
+# show a slot whose heartbeat stopped (an alert), until the slot stops cleanly or a day has passed.
+LAST_SEEN_KEY = "batchery:fleet-last-seen"
 DRAINING_KEY_PREFIX = "batchery:draining:"
 # A drained worker stays idle until it is restarted, which clears the mark; this only bounds a
 # mark left by a worker that vanished.
@@ -73,7 +76,11 @@ def slot_heartbeat() -> dict[str, Any]:
 def _beat(key: str) -> None:
     while True:
         try:
-            redis_client().set(key, json.dumps(slot_heartbeat()), ex=HEARTBEAT_TTL_S)
+            beat = slot_heartbeat()
+            pipe = redis_client().pipeline(transaction=False)
+            pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
+            pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+            pipe.execute()
         except redis.RedisError as exc:
             logger.warning("heartbeat not sent: %s", exc)
         if _stop.wait(HEARTBEAT_INTERVAL_S):
@@ -107,7 +114,11 @@ def stop_heartbeat(**_: Any) -> None:
     if slot is None:
         return
     _stop.set()
+    key = heartbeat_key(socket.gethostname(), slot)
     try:
-        redis_client().delete(heartbeat_key(socket.gethostname(), slot))
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.delete(key)
+        pipe.hdel(LAST_SEEN_KEY, key)
+        pipe.execute()
     except redis.RedisError:
         return

@@ -15,7 +15,7 @@ from typing import Any
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from gpuworkers.faults import StickyDeviceError
-from tasks import heartbeat, preload  # noqa: F401  (connect the slot's heartbeat and preloading to its start)
+from tasks import heartbeat, preload, slot_metrics  # noqa: F401  (connect the slot's heartbeat, preloading and clock to its start)
 from tasks.app import app
 from tasks.shard_execution import execute_shard
 from tasks.specs import ShardSpec

@@ -13,12 +13,14 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import orjson
 from celery.exceptions import SoftTimeLimitExceeded
 
+from gpuworkers import metrics
 from gpuworkers.batching import RecordResult, run_records
 from gpuworkers.cache import process_cache
 from gpuworkers.settings import device, micro_batch_size
@@ -58,7 +60,8 @@ def _read_items(spec: ShardSpec) -> list[tuple[str, Any]]:
 
 class OutputLine(NamedTuple):
     data: bytes
-    is_error: bool
+    error_code: str | None
+    """The record's error code, None for a response."""
     prompt_tokens: int
     completion_tokens: int
 
@@ -70,12 +73,16 @@ def _output_line(result: RecordResult) -> bytes:
 
 
 def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipped:
+    attempts = metrics.SHARD_ATTEMPTS
+    labels = metrics.model_labels(spec.model.name)
     committed = read_committed_manifest(spec)
     if committed is not None:
         logger.info("shard %s/%d already committed by %s", spec.job_id, spec.shard_index, committed.attempt_id)
+        attempts.labels(*labels, "duplicate").inc()
         return committed
     reason = stop_reason(spec.job_id)
     if reason is not None:
+        attempts.labels(*labels, "skipped").inc()
         return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=reason)
 
     store = store_for(spec.shard_prefix)
@@ -83,16 +90,28 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipp
     attempt_no = start_attempt(store, spec, attempt_id, worker)
     slot_state.current_shard = f"{spec.job_id}/{spec.shard_index}"
     try:
-        with Lease(shard_lease_key(spec.job_id, spec.shard_index), f"{worker}:{attempt_id}"):
-            return _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+        with metrics.slot_clock.busy(), Lease(shard_lease_key(spec.job_id, spec.shard_index), f"{worker}:{attempt_id}"):
+            outcome = _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+    except BaseException:
+        attempts.labels(*labels, "error").inc()
+        raise
     finally:
         slot_state.current_shard = None
+    if isinstance(outcome, ShardSkipped):
+        attempts.labels(*labels, "skipped").inc()
+    elif outcome.attempt_id != attempt_id:
+        attempts.labels(*labels, "lost_race").inc()
+    else:
+        attempts.labels(*labels, "committed").inc()
+        metrics.SHARD_DURATION.labels(*labels).observe(outcome.finished_at - outcome.started_at)
+    return outcome
 
 
 def _run_attempt(
     spec: ShardSpec, *, store: ObjectStore, worker: str, attempt_id: str, attempt_no: int
 ) -> ShardManifest | ShardSkipped:
     started_at = time.time()
+    labels = metrics.model_labels(spec.model.name)
     cache = process_cache()
     lookup = cache.get(spec.model, device=device())
     items = _read_items(spec)
@@ -134,6 +153,8 @@ def _run_attempt(
             micro_batch_size=chunk,
             on_progress=on_progress,
             should_stop=stopped,
+            on_out_of_memory_split=lambda _: metrics.OOM_SPLITS.labels(*labels).inc(),
+            on_micro_batch=metrics.MICRO_BATCH_SIZE.labels(*labels).observe,
             propagate=(SoftTimeLimitExceeded,),
         )
         lines = _from_results(results)
@@ -143,8 +164,9 @@ def _run_attempt(
     attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
     output_uri = f"{attempt_prefix}.output.jsonl"
     errors_uri = f"{attempt_prefix}.errors.jsonl"
-    counts = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri)
+    counts, error_codes = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri)
     compute_seconds = time.perf_counter() - compute_started
+    _count_work(labels, counts)
     if counts["records"] != spec.record_count:
         # Told to stop between micro-batches: the attempt is abandoned, not committed.
         store.delete_prefix(output_uri)
@@ -171,6 +193,7 @@ def _run_attempt(
         model_loads=process_cache().loads_of(spec.model.cache_key),
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
+        error_codes=dict(error_codes),
     )
     if not store.put_if_absent(spec.commit_uri, orjson.dumps(manifest.to_dict())):
         # Another attempt committed first; ours is an orphan and the committed one stands.
@@ -182,12 +205,20 @@ def _run_attempt(
     return manifest
 
 
+def _count_work(labels: tuple[str, ...], counts: dict[str, int]) -> None:
+    """The attempt's records and tokens, counted as work done whether or not the attempt commits."""
+    metrics.SLOT_RECORDS.labels(*labels, "succeeded").inc(counts["records"] - counts["failed"])
+    metrics.SLOT_RECORDS.labels(*labels, "failed").inc(counts["failed"])
+    metrics.SLOT_TOKENS.labels(*labels, "prompt").inc(counts["prompt_tokens"])
+    metrics.SLOT_TOKENS.labels(*labels, "completion").inc(counts["completion_tokens"])
+
+
 def _from_results(results: Iterable[RecordResult]) -> Iterator[OutputLine]:
     for result in results:
         usage = (result.response or {}).get("usage") or {}
         yield OutputLine(
             _output_line(result),
-            result.error is not None,
+            None if result.error is None else str(result.error.get("code", "error")),
             int(usage.get("prompt_tokens", 0)),
             int(usage.get("completion_tokens", 0)),
         )
@@ -197,22 +228,24 @@ def _from_lines(lines: Iterable[bytes]) -> Iterator[OutputLine]:
     for line in lines:
         record = orjson.loads(line)
         usage = (record.get("response") or {}).get("usage") or {}
-        yield OutputLine(
-            line, "error" in record, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-        )
+        error_code = str((record["error"] or {}).get("code", "error")) if "error" in record else None
+        yield OutputLine(line, error_code, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
 
 def _write_outputs(
     store: ObjectStore, lines: Iterable[OutputLine], *, output_uri: str, errors_uri: str
-) -> dict[str, int]:
+) -> tuple[dict[str, int], Counter[str]]:
+    """Write the attempt's output and error lines; return its counts and its error codes."""
     counts = {"records": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    error_codes: Counter[str] = Counter()
     with store.open_write(output_uri) as output, store.open_write(errors_uri) as errors:
         for line in lines:
             output.write(line.data)
             counts["records"] += 1
             counts["prompt_tokens"] += line.prompt_tokens
             counts["completion_tokens"] += line.completion_tokens
-            if line.is_error:
+            if line.error_code is not None:
                 errors.write(line.data)
                 counts["failed"] += 1
-    return counts
+                error_codes[line.error_code] += 1
+    return counts, error_codes

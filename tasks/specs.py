@@ -78,6 +78,8 @@ class ShardManifest:
     """How many times this process has loaded this model, this attempt included."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    error_codes: dict[str, int] = field(default_factory=dict)
+    """How many of the failed records got each error code; the control side counts outcomes by code."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,6 +31,7 @@ from gpuworkers.engines.messages import require_messages
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
+from gpuworkers.vllm_metrics import publish_vllm_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,9 @@ class VllmEngine:
         if not items:
             return []
         if self.spec.task == "embed":
-            return [embedding_response(output) for output in llm.embed(_require_texts(items), use_tqdm=False)]
+            embeddings = [embedding_response(output) for output in llm.embed(_require_texts(items), use_tqdm=False)]
+            publish_vllm_metrics(llm)
+            return embeddings
         kwargs = sampling_kwargs(params)
         # One SamplingParams for the whole call: vLLM applies a single value to every prompt.
         sampling_params = self._vllm.SamplingParams(**kwargs)
@@ -107,7 +110,9 @@ class VllmEngine:
         else:
             conversations = [require_messages(item) for item in items]
             outputs = llm.chat(conversations, sampling_params=sampling_params, use_tqdm=False)
-        return [completion_response(output, top_logprobs=kwargs.get("logprobs")) for output in outputs]
+        responses = [completion_response(output, top_logprobs=kwargs.get("logprobs")) for output in outputs]
+        publish_vllm_metrics(llm)
+        return responses
 
     def memory_bytes(self) -> int:
         return self._memory_bytes
@@ -180,6 +185,8 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
     dtype = kwargs.setdefault("dtype", "auto")
     if not isinstance(dtype, str):
         raise EngineLoadError(f"dtype must be a string such as 'auto' or 'bfloat16', not {dtype!r}")
+    # vLLM keeps its statistics only when asked; the slot re-exports them on the host's /metrics.
+    kwargs.setdefault("disable_log_stats", False)
     return kwargs
 
 

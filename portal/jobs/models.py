@@ -145,6 +145,7 @@ class Shard(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     compute_seconds = models.FloatField(null=True, blank=True)
     load_seconds = models.FloatField(null=True, blank=True)
+    error_codes = models.JSONField(default=dict, blank=True, help_text="Failed records per error code.")
     error = models.TextField(blank=True)
 
     class Meta:

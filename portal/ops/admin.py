@@ -6,6 +6,7 @@ only two views, the list and the drain (POST), and reads nothing from the databa
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -47,6 +48,8 @@ class FleetAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "slots": fleet_overview(),
             "may_drain": request.user.has_perm(DRAIN_PERMISSION),
+            # admin_view lets staff only in; the check stays so the link never outlives that rule.
+            "flower_url": settings.BATCHERY_FLOWER_URL if request.user.is_staff else None,
         }
         return TemplateResponse(request, "admin/ops/fleet.html", context)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ class StackOptions:
     flower: bool = True
     flower_port: int = 5555
     cpu_slots: int | None = None
+    metrics_port: int = 9310
+    """The launcher's /metrics port, on 127.0.0.1; 0 serves none."""
     loglevel: str = "WARNING"
     logs_to_files: bool = False
     """Send each process's output to var/logs/<name>.log instead of this terminal."""
@@ -62,14 +65,21 @@ class Stack:
 
         redis_client.cache_clear()
 
-    def _spawn(self, name: str, command: list[str]) -> None:
+    def _portal_env(self) -> dict[str, str]:
+        """The portal's environment: gunicorn's workers share a fresh metrics directory."""
+        directory = Path(settings.VAR_DIR) / "metrics" / "portal"
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        return {**self.env, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         output = None
         if self.options.logs_to_files:
             log_dir = Path(settings.VAR_DIR) / "logs"
             log_dir.mkdir(parents=True, exist_ok=True)
             output = (log_dir / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
-            command, env=self.env, cwd=BASE_DIR, start_new_session=True, stdout=output, stderr=output
+            command, env=env or self.env, cwd=BASE_DIR, start_new_session=True, stdout=output, stderr=output
         )
         if output is not None:
             output.close()
@@ -94,21 +104,19 @@ class Stack:
         if options.portal:
             self._spawn(
                 "portal",
-                [python, "-m", "gunicorn", "portal.wsgi", "--bind", options.portal_address, "--workers", "2"],
-            )
+                [
+                    python, "-m", "gunicorn", "portal.wsgi", "--bind", options.portal_address, "--workers", "2",
+                    "--config", "python:portal.gunicorn_conf",
+                ],
+                env=self._portal_env(),
+            )  # fmt: skip
         if options.flower:
+            # Through the deployments' entry point (`python -m portal.ops.flower`, see portal/ops/flower.py),
+            # which checks the auth and passes FLOWER_BASIC_AUTH in the environment, never in `ps`.
+            # Loopback only: with no auth configured, its API is open to local users, read-only.
             self._spawn(
                 "flower",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "--app",
-                    "tasks.app",
-                    "flower",
-                    "--address=127.0.0.1",
-                    f"--port={options.flower_port}",
-                ],
+                [python, "-m", "portal.ops.flower", "--address=127.0.0.1", f"--port={options.flower_port}"],
             )
         # The control worker also runs beat, which schedules the reconciler; run one beat per site.
         schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
@@ -121,6 +129,7 @@ class Stack:
             ],
         )  # fmt: skip
         launch = [python, "-m", "gpuworkers", "launch", "--loglevel", options.loglevel]
+        launch += ["--metrics-port", str(options.metrics_port), "--metrics-address", "127.0.0.1"]
         if options.cpu_slots:
             launch += ["--cpu-slots", str(options.cpu_slots)]
         self._spawn("gpuworkers", launch)

@@ -287,12 +287,14 @@ def test_engine_kwargs_default_dtype_context_and_memory_share_and_pass_the_rest_
         "dtype": "auto",
         "max_model_len": None,
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+        "disable_log_stats": False,
     }
     assert engine_kwargs({"dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": True}) == {
         "dtype": "bfloat16",
         "max_model_len": 4096,
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
         "enforce_eager": True,
+        "disable_log_stats": False,
     }
 
 

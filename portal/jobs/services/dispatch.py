@@ -18,6 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.ops.metrics.jobs import shards_redispatched_record
 from tasks.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, SHARD_MAX_DISPATCHES, gpu_queue, message_priority
 from tasks.formats.records import input_field_for
 from tasks.specs import ShardSpec
@@ -116,5 +117,6 @@ def job_redispatch(*, job_id: str, shards: Sequence[Shard], reason: str) -> int:
         )
     if resent:
         logger.warning("job %s: sending %d shards again: %s", job_id, resent, reason)
+        shards_redispatched_record(job=Job.objects.select_related("tenant", "model").get(pk=job_id), count=resent)
         job_dispatch(job_id=job_id)
     return resent

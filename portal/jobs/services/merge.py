@@ -83,7 +83,9 @@ def read_manifest(job: Job, shard: Shard) -> ShardManifest | None:
 def _record_outcome(outcome: ShardOutcome) -> None:
     shard, manifest = outcome.shard, outcome.manifest
     if manifest is None:
-        Shard.objects.filter(pk=shard.pk).update(status=ShardStatus.FAILED, error=outcome.failure)
+        Shard.objects.filter(pk=shard.pk).update(
+            status=ShardStatus.FAILED, error=outcome.failure, error_codes={outcome.code: shard.record_count}
+        )
         return
     Shard.objects.filter(pk=shard.pk).update(
         status=ShardStatus.SUCCEEDED,
@@ -101,6 +103,7 @@ def _record_outcome(outcome: ShardOutcome) -> None:
         finished_at=dt.datetime.fromtimestamp(manifest.finished_at, tz=dt.UTC),
         compute_seconds=manifest.compute_seconds,
         load_seconds=manifest.load_seconds,
+        error_codes=manifest.error_codes,
     )
 
 

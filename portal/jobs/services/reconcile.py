@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 from django.db.models import Q
@@ -27,6 +28,7 @@ from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatu
 from portal.jobs.services.dispatch import job_redispatch
 from portal.jobs.services.merge import read_manifest, task_failure
 from portal.jobs.services.stop import job_expire
+from portal.ops.metrics.sweeps import reconcile_sweep_record
 from tasks.broker_probe import BrokerView, pending_task_ids
 from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S, gpu_queue
 from tasks.env import env_int
@@ -136,6 +138,7 @@ def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
 
 
 def jobs_reconcile() -> ReconcileReport:
+    started = time.perf_counter()
     now = timezone.now()
     report = ReconcileReport()
     running_queues = {
@@ -150,4 +153,5 @@ def jobs_reconcile() -> ReconcileReport:
     catalog_publish()
     if any(asdict(report).values()):
         logger.warning("reconcile: %s", report)
+    reconcile_sweep_record(duration_s=time.perf_counter() - started)
     return report

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.jobs.signals import job_ended
+from portal.ops.metrics.jobs import job_ending_record
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ def _job_ended(job_id: str, status: str) -> None:
     from portal.jobs.services.usage import usage_record
 
     usage_record(job_id=job_id)
+    job_ending_record(job_id=job_id)
     transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, status=status))
 
 

@@ -13,6 +13,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobUsage
+from portal.ops.metrics.jobs import gpu_seconds_record
 
 
 def month_of(moment: dt.datetime) -> dt.date:
@@ -21,7 +22,8 @@ def month_of(moment: dt.datetime) -> dt.date:
 
 def usage_record(*, job_id: str) -> JobUsage:
     """Write (or rewrite, after a retry) the ledger line of a job that has just ended."""
-    job = Job.objects.select_related("model").get(pk=job_id)
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+    charged = JobUsage.objects.filter(job=job).values_list("gpu_seconds", flat=True).first() or 0.0
     sums = job.shards.aggregate(
         prompt=Coalesce(Sum("prompt_tokens"), 0),
         completion=Coalesce(Sum("completion_tokens"), 0),
@@ -44,6 +46,7 @@ def usage_record(*, job_id: str) -> JobUsage:
             "recorded_at": ended,
         },
     )
+    gpu_seconds_record(job=job, added=usage.gpu_seconds - charged)
     return usage
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
@@ -28,7 +29,9 @@ def _fleet_context(portal: PortalAccess) -> dict[str, Any]:
 
 @tenant_view()
 def fleet(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
-    return page(request, portal, "web/fleet.html", _fleet_context(portal))
+    # Flower shows every tenant's tasks and can stop workers: only staff get the link.
+    flower_url = settings.BATCHERY_FLOWER_URL if request.user.is_staff else None
+    return page(request, portal, "web/fleet.html", {**_fleet_context(portal), "flower_url": flower_url})
 
 
 @tenant_view()

@@ -25,6 +25,7 @@ from portal.catalog.models import Model
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
 from portal.ops.bench_io import DEFAULT_SIZES_MB, render_io_results, run_io_bench
+from portal.ops.bench_metrics import scrape_p99, stack_rate
 from portal.ops.demo import write_demo_dataset
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
@@ -75,6 +76,9 @@ class Command(BaseCommand):
             default=list(DEFAULT_SIZES_MB),
             help="input sizes of the planning and merging benchmark, in MB (default 200,2000)",
         )
+        parser.add_argument(
+            "--metrics-sentences", type=int, default=6_000, help="job size of the metrics on/off comparison (0: skip)"
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
@@ -83,8 +87,32 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         if not options["only_io"]:
             self.stack_bench(options)
+            if options["metrics_sentences"]:
+                self.metrics_bench(options)
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
+
+    def metrics_bench(self, options: dict[str, Any]) -> None:
+        count = options["metrics_sentences"]
+        bench_dir = Path(settings.VAR_DIR) / "bench"
+        dataset = write_demo_dataset(bench_dir / f"sentences-{count}.jsonl", sentences=count)
+        warmup = write_demo_dataset(bench_dir / "warmup.jsonl", sentences=400, seed=1)
+        model = Model.objects.get(is_default=True, enabled=True).name
+        self.stdout.write("")
+        self.stdout.write(
+            f"monitoring: {count} sentences with the launcher's metrics off, then on (scraped every 1 s) ..."
+        )
+        rates = {
+            on: stack_rate(dataset=dataset, warmup=warmup, model=model, cpu_slots=options["cpu_slots"], metrics=on)
+            for on in (False, True)
+        }
+        self.stdout.write("timing 200 scrapes of a launcher with 8 slots ...")
+        p50, p99 = scrape_p99(slots=8, count=200)
+        self.stdout.write(f"metrics off          {rates[False]:8.1f} records/s")
+        self.stdout.write(f"metrics on           {rates[True]:8.1f} records/s")
+        self.stdout.write(f"ratio on / off       {rates[True] / rates[False]:8.3f}  (target >= 0.99)")
+        self.stdout.write(f"scrape, 8 slots      p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+        self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-sentences 6000")
 
     def io_bench(self, sizes: list[int]) -> None:
         self.stdout.write("")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any
@@ -21,13 +22,16 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="INFO")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        flower_url = f"http://127.0.0.1:{options['flower_port']}/"
         stack = Stack(
             StackOptions(
                 portal_address=options["address"],
                 flower_port=options["flower_port"],
                 cpu_slots=options["cpu_slots"],
                 loglevel=options["loglevel"],
-            )
+            ),
+            # The fleet page's Flower link points at this Flower unless the environment names another.
+            env={"BATCHERY_FLOWER_URL": flower_url, **os.environ},
         )
         stopping = False
 
@@ -40,7 +44,7 @@ class Command(BaseCommand):
         stack.start()
         self.stdout.write(
             f"Batchery is up: portal http://{options['address']}/admin/, "
-            f"Flower http://127.0.0.1:{options['flower_port']}/, "
+            f"Flower {flower_url}, "
             f"broker {stack.env['CELERY_BROKER_URL']}. Ctrl-C stops it."
         )
         try:

@@ -1,0 +1,90 @@
+"""What monitoring costs: the whole-stack job with the launcher's metrics on and off, and scrape times.
+
+`stack_rate` runs one embedding job through a fresh stack and returns records per second; with
+metrics on, the launcher serves /metrics from its slots' multiprocess files and the benchmark
+scrapes it every second while the job runs, as Prometheus would. With metrics off (port 0) the
+slots count in memory only and nothing is served. `scrape_p99` starts a launcher of `slots` cpu
+slots, lets each slot record, and times `count` scrapes of its /metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+
+from portal.jobs.management.commands.submit import watch_job
+from portal.jobs.services.submit import job_submit
+from portal.ops.embedded import free_port
+from portal.ops.stack import Stack, StackOptions
+from portal.tenancy.services import tenant_get_or_create
+
+
+def _scrape(url: str) -> float:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=10) as response:
+        response.read()
+    return time.perf_counter() - started
+
+
+def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metrics: bool) -> float:
+    """Records per second of one job on a fresh stack, submission to merged output."""
+    port = free_port() if metrics else 0
+    stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=cpu_slots, logs_to_files=True, metrics_port=port))
+    stack.start()
+    stop = threading.Event()
+    try:
+        stack.wait_for_workers(queues={"control", "gpu.cpu"})
+        tenant = tenant_get_or_create(name="bench")
+        watch_job(job_submit(tenant=tenant, model_name=model, input_uri=str(warmup), shard_size=50))
+        if metrics:
+
+            def scrape_every_second() -> None:
+                while not stop.wait(1.0):
+                    _scrape(f"http://127.0.0.1:{port}/metrics")
+
+            threading.Thread(target=scrape_every_second, daemon=True).start()
+        started = time.perf_counter()
+        job = watch_job(job_submit(tenant=tenant, model_name=model, input_uri=str(dataset)), poll_s=0.2)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop.set()
+        stack.stop()
+    return job.succeeded_records / elapsed
+
+
+def scrape_p99(*, slots: int, count: int) -> tuple[float, float]:
+    """(p50, p99) seconds of one scrape of a launcher with `slots` slots whose processes have all recorded."""
+    port = free_port()
+    env = {**os.environ, "BATCHERY_HEARTBEAT_INTERVAL_S": "1"}
+    log = (Path(settings.VAR_DIR) / "logs" / "bench-scrape-launcher.log").open("ab")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gpuworkers", "launch", "--cpu-slots", str(slots), "--metrics-port", str(port),
+         "--metrics-address", "127.0.0.1", "--loglevel", "WARNING"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                text = urllib.request.urlopen(url, timeout=5).read().decode()
+            except OSError:
+                text = ""
+            # Every slot's clock has written its files once its pool child started.
+            if text.count("batchery_slot_idle_seconds_total{") >= slots:
+                break
+            time.sleep(1)
+        times = sorted(_scrape(url) for _ in range(count))
+    finally:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        launcher.wait(timeout=60)
+        log.close()
+    return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]

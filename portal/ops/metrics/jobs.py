@@ -1,0 +1,55 @@
+"""What a job adds to the control side's metrics, written in the transaction that records it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from django.db.models import Min
+
+from portal.jobs.models import Job, Shard
+from portal.ops.metrics import families
+from portal.ops.metrics.samples import Increment, counter_increment, histogram_increments, samples_add
+
+POISON_RECORD = "poison_record"
+
+
+def job_ending_record(*, job_id: str) -> None:
+    """Count a job's ending: the job, its round's records by outcome, and how long it took and waited."""
+    job = Job.objects.select_related("tenant", "model").get(pk=job_id)
+    labels = {"tenant": job.tenant.name, "model": job.model.name}
+    increments: list[Increment] = counter_increment(families.JOBS_FINISHED, {**labels, "status": job.status})
+    outcomes = _round_outcomes(job)
+    for outcome, count in sorted(outcomes.items()):
+        increments += counter_increment(families.RECORDS_FINISHED, {**labels, "outcome": outcome}, count)
+    increments += counter_increment(families.POISON_RECORDS, labels, outcomes.get(POISON_RECORD, 0))
+    if job.finished_at is not None:
+        duration = (job.finished_at - job.created_at).total_seconds()
+        increments += histogram_increments(families.JOB_DURATION, labels, max(0.0, duration))
+    if job.retry_round == 0:
+        first_start = job.shards.filter(round=0).aggregate(first=Min("started_at"))["first"]
+        if first_start is not None:
+            wait = (first_start - job.created_at).total_seconds()
+            increments += histogram_increments(families.JOB_QUEUE_WAIT, labels, max(0.0, wait))
+    samples_add(increments)
+
+
+def _round_outcomes(job: Job) -> Counter[str]:
+    """Records of the job's current round by outcome, from what the merge recorded on its shards."""
+    outcomes: Counter[str] = Counter()
+    rows = Shard.objects.filter(job=job, round=job.retry_round).values_list("succeeded_records", "error_codes")
+    for succeeded, error_codes in rows:
+        outcomes["succeeded"] += succeeded
+        outcomes.update({str(code): int(count) for code, count in (error_codes or {}).items()})
+    return outcomes
+
+
+def gpu_seconds_record(*, job: Job, added: float) -> None:
+    """Charge GPU-seconds newly written to a job's ledger line (a retry adds only its own)."""
+    labels = {"tenant": job.tenant.name, "model": job.model.name, "gpu_class": job.model.gpu_class.name}
+    samples_add(counter_increment(families.GPU_SECONDS, labels, max(0.0, added)))
+
+
+def shards_redispatched_record(*, job: Job, count: int) -> None:
+    samples_add(
+        counter_increment(families.SHARDS_REDISPATCHED, {"tenant": job.tenant.name, "model": job.model.name}, count)
+    )

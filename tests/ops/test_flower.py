@@ -1,0 +1,235 @@
+"""Flower: the command line and its auth rules, `up`'s Flower listing the workers, and the entry point's 401."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from portal.ops.embedded import free_port
+from portal.ops.flower import FlowerConfigError, flower_launch, is_loopback
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "user:secret"
+
+
+@pytest.fixture
+def no_flower_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave the machine's own Flower settings out of the builder's tests."""
+    for name in list(os.environ):
+        if name.startswith("FLOWER_"):
+            monkeypatch.delenv(name)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_credentials_from_the_environment_reach_flower_in_its_environment_not_its_command_line(
+    no_flower_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", " ops:pa55 , oncall:w0rd ")
+    launch = flower_launch(address="0.0.0.0", port=5555, python="/venv/bin/python")
+    assert launch.command == (
+        "/venv/bin/python", "-m", "celery", "--app", "tasks.app", "flower", "--address=0.0.0.0", "--port=5555",
+    )  # fmt: skip
+    assert launch.authenticated
+    assert launch.env["FLOWER_BASIC_AUTH"] == "ops:pa55,oncall:w0rd"
+    assert "FLOWER_UNAUTHENTICATED_API" not in launch.env
+    assert not any("pa55" in part for part in launch.command)
+
+
+def test_credentials_from_a_file_are_resolved_for_flower_which_does_not_read_files(
+    no_flower_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = tmp_path / "flower_auth"
+    secret.write_text("ops:from-a-file\n")
+    monkeypatch.setenv("FLOWER_BASIC_AUTH_FILE", str(secret))
+    # The file wins over the variable, as for every NAME_FILE secret (tasks.env.env_str).
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "ops:stale")
+    launch = flower_launch(address="10.1.2.3", port=5556)
+    assert launch.env["FLOWER_BASIC_AUTH"] == "ops:from-a-file"
+    assert "FLOWER_BASIC_AUTH_FILE" not in launch.env
+    assert not any("from-a-file" in part for part in launch.command)
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "", "10.0.0.5", "::", "flower.example.com"])
+def test_a_public_address_without_auth_is_refused_naming_the_variables(no_flower_env: None, address: str) -> None:
+    with pytest.raises(FlowerConfigError, match="FLOWER_BASIC_AUTH or FLOWER_BASIC_AUTH_FILE"):
+        flower_launch(address=address, port=5555)
+
+
+def test_loopback_without_auth_opens_the_api_to_local_users_read_only(no_flower_env: None) -> None:
+    launch = flower_launch(address="127.0.0.1", port=5555, environ={"CELERY_BROKER_URL": "redis://x"})
+    assert not launch.authenticated
+    assert launch.env == {"CELERY_BROKER_URL": "redis://x", "FLOWER_UNAUTHENTICATED_API": "true"}
+    assert launch.command[-1] == "--read_only=true"
+
+
+def test_an_explicit_choice_to_close_the_unauthenticated_api_is_kept(no_flower_env: None) -> None:
+    launch = flower_launch(address="localhost", port=5555, environ={"FLOWER_UNAUTHENTICATED_API": "false"})
+    assert launch.env["FLOWER_UNAUTHENTICATED_API"] == "false"
+
+
+@pytest.mark.parametrize("value", ["justauser", ":nopassword", "nouser:", "ok:fine,broken"])
+def test_a_malformed_credential_is_refused_without_showing_it(
+    no_flower_env: None, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", value)
+    with pytest.raises(FlowerConfigError, match="is not user:password") as refused:
+        flower_launch(address="127.0.0.1", port=5555)
+    assert value.split(",")[-1] not in str(refused.value)
+
+
+def test_a_port_out_of_range_is_refused(no_flower_env: None) -> None:
+    with pytest.raises(FlowerConfigError, match="between 1 and 65535"):
+        flower_launch(address="127.0.0.1", port=0)
+
+
+def test_loopback_addresses_are_told_from_public_ones() -> None:
+    assert all(is_loopback(address) for address in ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+    assert not any(is_loopback(address) for address in ["", "0.0.0.0", "::", "192.168.1.2", "flower.internal"])
+
+
+def test_the_entry_point_refuses_a_public_address_without_auth_before_starting_flower() -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FLOWER_")}
+    env["FLOWER_ADDRESS"] = "0.0.0.0"
+    done = subprocess.run(
+        [sys.executable, "-m", "portal.ops.flower"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "FLOWER_BASIC_AUTH" in done.stderr and "0.0.0.0" in done.stderr
+
+
+# ---------------------------------------------------------------- real Flower processes
+
+
+def _get(url: str, *, auth: str | None = None, method: str = "GET") -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _listening_addresses(port: int) -> set[str]:
+    return {
+        conn.laddr.ip
+        for conn in psutil.net_connections(kind="inet")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+    }
+
+
+def _stop(process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture
+def up_without_services(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """`manage.py up` with no broker, database or Flower auth configured: embedded Redis and SQLite."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
+        and not name.startswith("FLOWER_")
+    }
+    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
+    portal_port, flower_port = free_port(), free_port()
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "manage.py", "up", "--address", f"127.0.0.1:{portal_port}",
+             "--flower-port", str(flower_port), "--cpu-slots", "1", "--loglevel", "WARNING"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield up, flower_port, log_path
+    finally:
+        _stop(up, timeout_s=60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_up_serves_flower_on_loopback_listing_the_control_and_slot_workers(
+    up_without_services: tuple[subprocess.Popen[bytes], int, Path],
+) -> None:
+    up, flower_port, log_path = up_without_services
+    workers: dict[str, Any] = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert up.poll() is None, log_path.read_text()[-3000:]
+        try:
+            # refresh=1: Flower inspects the workers now; it learnt none at its start, before they ran.
+            status, body = _get(f"http://127.0.0.1:{flower_port}/api/workers?refresh=1")
+        except OSError:
+            time.sleep(1)
+            continue
+        assert status in {200, 503}, body[:500]
+        if status == 200:
+            workers = json.loads(body)
+            names = {name.split("@")[0] for name in workers}
+            if {"control", "slot0-cpu"} <= names:
+                break
+        time.sleep(1)
+    names = {name.split("@")[0] for name in workers}
+    assert {"control", "slot0-cpu"} <= names, (sorted(workers), log_path.read_text()[-3000:])
+    assert _listening_addresses(flower_port) == {"127.0.0.1"}
+    # Open to local users means open to any web page in their browser too: Flower's controls stay shut.
+    control = next(name for name in workers if name.startswith("control@"))
+    shutdown = _get(f"http://127.0.0.1:{flower_port}/api/worker/shutdown/{control}", method="POST")
+    assert shutdown[0] == 403, shutdown
+    assert up.poll() is None, log_path.read_text()[-3000:]
+    assert re.search(rf"Flower http://127\.0\.0\.1:{flower_port}/", log_path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_with_basic_auth_flowers_api_refuses_an_unauthenticated_request(tmp_path: Path) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FLOWER_")}
+    env["FLOWER_BASIC_AUTH"] = SECRET
+    port = free_port()
+    log_path = tmp_path / "flower.log"
+    with log_path.open("wb") as log:
+        flower = subprocess.Popen(
+            [sys.executable, "-m", "portal.ops.flower", "--address=127.0.0.1", f"--port={port}"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert flower.poll() is None, log_path.read_text()[-3000:]
+            try:
+                unauthenticated, _ = _get(f"http://127.0.0.1:{port}/api/workers")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+        assert unauthenticated == 401
+        assert _get(f"http://127.0.0.1:{port}/api/workers", auth="user:wrong")[0] == 401
+        assert _get(f"http://127.0.0.1:{port}/api/workers", auth=SECRET)[0] == 200
+        # The entry point became Flower itself, and the password is in no process's command line.
+        command_line = psutil.Process(flower.pid).cmdline()
+        assert "flower" in command_line and not any("secret" in part for part in command_line)
+    finally:
+        _stop(flower, timeout_s=30)
