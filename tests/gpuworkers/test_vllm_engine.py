@@ -402,6 +402,7 @@ def test_load_builds_one_llm_over_the_slots_gpus_with_the_catalogs_arguments(
         "max_model_len": None,
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
         "enforce_eager": True,
+        "disable_log_stats": False,
     }
 
 
