@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from gpuworkers.logs import log_format
 from gpuworkers.metrics_server import (
     SlotStatus,
     XidWatcher,
@@ -42,8 +43,6 @@ def worker_name(slot: Slot, hostname: str) -> str:
 
 
 def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> list[str]:
-    from gpuworkers.logs import log_format
-
     # In json mode the worker's output goes to a log system line by line: no ASCII-art banner.
     quiet = ["--quiet"] if log_format() == "json" else []
     return [

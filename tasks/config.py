@@ -65,6 +65,15 @@ def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
     return name if gpus_per_replica == 1 else f"{name}.x{gpus_per_replica}"
 
 
+def queue_gpu_class(queue: str) -> str:
+    """The GPU class a queue serves (`gpu.h100-80gb.x2` -> `h100-80gb`); "" for the control queue."""
+    if not queue.startswith(GPU_QUEUE_PREFIX):
+        return ""
+    name = queue.removeprefix(GPU_QUEUE_PREFIX)
+    head, _, size = name.rpartition(".x")
+    return head if head and size.isdigit() else name
+
+
 # The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis
 # hands an unacknowledged shard to a second worker while the first is still running it.
 SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=2)

@@ -6,7 +6,6 @@ only two views, the list and the drain (POST), and reads nothing from the databa
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -16,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from portal.audit.admin import admin_actor
 from portal.ops.models import FleetSlot
-from portal.ops.selectors import fleet_overview, live_slot
+from portal.ops.selectors import fleet_overview, flower_link, live_slot
 from portal.ops.services import slot_drain
 
 DRAIN_PERMISSION = "ops.drain_slot"
@@ -48,8 +47,7 @@ class FleetAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "slots": fleet_overview(),
             "may_drain": request.user.has_perm(DRAIN_PERMISSION),
-            # admin_view lets staff only in; the check stays so the link never outlives that rule.
-            "flower_url": settings.BATCHERY_FLOWER_URL if request.user.is_staff else None,
+            "flower_url": flower_link(request.user),
         }
         return TemplateResponse(request, "admin/ops/fleet.html", context)
 

@@ -8,6 +8,8 @@ from collections.abc import Collection
 from typing import Any
 
 import redis
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from tasks.heartbeat import FLEET_KEY_PREFIX, draining_key
 from tasks.redis_client import redis_client
@@ -49,3 +51,9 @@ def fleet_overview() -> list[dict[str, Any]]:
 def live_slot(worker: str) -> dict[str, Any] | None:
     """The heartbeat of the slot run by this Celery worker, if it is alive."""
     return next((slot for slot in fleet_slots() if worker and slot.get("worker") == worker), None)
+
+
+def flower_link(user: AbstractBaseUser | AnonymousUser) -> str | None:
+    """Flower's address for this user's fleet pages: staff only, since Flower shows every tenant's
+    tasks and can stop workers."""
+    return settings.BATCHERY_FLOWER_URL if getattr(user, "is_staff", False) else None

@@ -15,12 +15,11 @@ from typing import Any
 
 import orjson
 import redis
-from django.db.models import OuterRef, QuerySet, Subquery, Sum
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
-from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
-from portal.jobs.selectors import JobProgress, job_progress, usage_per_month
-from portal.jobs.services.usage import gpu_seconds_used, month_of
+from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
+from portal.jobs.selectors import JobProgress, job_progress, quota_usage, usage_per_month
 from portal.ops.selectors import fleet_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.leases import shard_lease_key
@@ -128,16 +127,11 @@ class QuotaUse:
 def quota_use(tenant: Tenant) -> QuotaUse:
     """The tenant's limits and what its jobs use of them now (GPU-seconds: this month)."""
     quota, _ = Quota.objects.get_or_create(tenant=tenant)
-    active = Job.objects.filter(tenant=tenant).exclude(status__in=FINAL_STATUSES)
-    queued = active.aggregate(total=Sum("total_records"))["total"] or 0
+    use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     return QuotaUse(
-        concurrent_jobs=Limit("Concurrent jobs", active.count(), quota.max_concurrent_jobs),
-        queued_records=Limit("Queued records", queued, quota.max_queued_records),
-        gpu_seconds=Limit(
-            "GPU-seconds this month",
-            gpu_seconds_used(tenant_id=tenant.pk, period=month_of(timezone.now())),
-            quota.gpu_seconds_per_month,
-        ),
+        concurrent_jobs=Limit("Concurrent jobs", use.concurrent_jobs, quota.max_concurrent_jobs),
+        queued_records=Limit("Queued records", use.queued_records, quota.max_queued_records),
+        gpu_seconds=Limit("GPU-seconds this month", use.gpu_seconds_this_month, quota.gpu_seconds_per_month),
         max_input_bytes=quota.max_input_bytes,
         allowed_models=[str(model) for model in quota.allowed_models.all()],
         allowed_gpu_classes=[gpu.name for gpu in quota.allowed_gpu_classes.all()],

@@ -6,13 +6,11 @@ import base64
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 
 from portal.ops.embedded import free_port
 from portal.ops.flower import FlowerConfigError, flower_launch, is_loopback
+from tests.ops.conftest import UpProcess, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "user:secret"
@@ -135,46 +134,16 @@ def _listening_addresses(port: int) -> set[str]:
     }
 
 
-def _stop(process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-@pytest.fixture
-def up_without_services(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """`manage.py up` with no broker, database or Flower auth configured: embedded Redis and SQLite."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
-        and not name.startswith("FLOWER_")
-    }
-    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
-    portal_port, flower_port = free_port(), free_port()
-    log_path = tmp_path / "up.log"
-    with log_path.open("wb") as log:
-        up = subprocess.Popen(
-            [sys.executable, "manage.py", "up", "--address", f"127.0.0.1:{portal_port}",
-             "--flower-port", str(flower_port), "--cpu-slots", "1", "--loglevel", "WARNING"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        yield up, flower_port, log_path
-    finally:
-        _stop(up, timeout_s=60)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_up_serves_flower_on_loopback_listing_the_control_and_slot_workers(
-    up_without_services: tuple[subprocess.Popen[bytes], int, Path],
+    up_without_services: UpProcess,
 ) -> None:
-    up, flower_port, log_path = up_without_services
+    up, flower_port, log_path = (
+        up_without_services.process,
+        up_without_services.flower_port,
+        up_without_services.log_path,
+    )
     workers: dict[str, Any] = {}
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -232,4 +201,4 @@ def test_with_basic_auth_flowers_api_refuses_an_unauthenticated_request(tmp_path
         command_line = psutil.Process(flower.pid).cmdline()
         assert "flower" in command_line and not any("secret" in part for part in command_line)
     finally:
-        _stop(flower, timeout_s=30)
+        stop_process_group(flower, timeout_s=30)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,38 +15,19 @@ import pytest
 
 from portal.jobs.models import Job
 from tasks.logging_setup import received_log_fields, task_log_fields
-from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.factories import ModelFactory
-from tests.ops.test_launcher import Launcher, _wait_slots
-from tests.support.chaos import CHAOS_ENV, ChaosStack, wait_for, write_records
-from tests.support.workers import REPO, database_url
+from tests.ops.conftest import Launcher, wait_slots
+from tests.support.chaos import ChaosStack, wait_for, write_records
+from tests.support.workers import REPO
 
 RECORDS = 60
 SHARD_SIZE = 20
 
 
 @pytest.fixture
-def stack(transactional_db: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ChaosStack]:
-    from django.db import connection
-
-    # Every process of the stack (control worker, launcher, slot workers, `manage.py submit`) logs JSON.
-    env = {
-        **os.environ,
-        **CHAOS_ENV,
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "BATCHERY_LOG_FORMAT": "json",
-    }
-    log_dir = ARTIFACTS / "json-logs" / request.node.name
-    # Logs are appended to: start empty, or lines of an earlier run would be checked too.
-    shutil.rmtree(log_dir, ignore_errors=True)
-    stack = ChaosStack(env=env, data_dir=tmp_path / "fleet", log_dir=log_dir)
-    stack.start_redis()
-    try:
-        stack.start_control()
-        wait_consuming(stack)
-        yield stack
-    finally:
-        stack.stop()
+def stack_env() -> dict[str, str]:
+    """Every process of the stack (control worker, launcher, slot workers, `manage.py submit`) logs JSON."""
+    return {"BATCHERY_LOG_FORMAT": "json"}
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -118,7 +97,7 @@ def test_a_job_is_followed_by_its_id_through_json_lines_of_the_control_worker_an
     )  # fmt: skip
     launcher = Launcher(stack, "cpu", "--cpu-slots", "1")
     try:
-        _wait_slots(stack, 1)
+        wait_slots(stack, 1)
         write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(RECORDS)])
         job_id = stack.submit(model="json-echo", input_path=tmp_path / "in.jsonl", shard_size=SHARD_SIZE)
         job = wait_for(

@@ -3,12 +3,10 @@ supervision and draining, with real worker processes and a Redis of its own."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -17,7 +15,7 @@ from celery import Celery
 
 from portal.jobs.models import Job
 from tests.factories import GpuClassFactory, ModelFactory
-from tests.ops.conftest import Launcher
+from tests.ops.conftest import Launcher, wait_slots
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -30,17 +28,6 @@ def _app(stack: ChaosStack, patch: pytest.MonkeyPatch) -> Celery:
     return Celery(broker=stack.broker_url, backend=stack.broker_url)
 
 
-def _wait_slots(stack: ChaosStack, count: int) -> list[dict[str, Any]]:
-    client = redis.Redis.from_url(stack.broker_url)
-
-    def beats() -> list[dict[str, Any]] | None:
-        values = [json.loads(client.get(key) or b"null") for key in client.scan_iter(match="batchery:fleet:*")]
-        return values if len([v for v in values if v]) >= count else None
-
-    result: list[dict[str, Any]] = wait_for(beats, timeout_s=90, what=f"{count} slot heartbeats", stack=stack)
-    return result
-
-
 def _slow_job_on_one_slot(
     stack: ChaosStack, launch: Callable[..., Launcher], tmp_path: Path, *, records: int, sleep_per_record: float
 ) -> tuple[Launcher, str, list[str]]:
@@ -51,7 +38,7 @@ def _slow_job_on_one_slot(
         default_params={"sleep_per_record": sleep_per_record, "time_limit_base_s": 10 + 20 * sleep_per_record},
     )  # fmt: skip
     launcher = launch("cpu", "--cpu-slots", "1")
-    _wait_slots(stack, 1)
+    wait_slots(stack, 1)
     ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(records)])
     return launcher, stack.submit(model="slow-echo", input_path=tmp_path / "in.jsonl", shard_size=20), ids
 
@@ -60,7 +47,7 @@ def test_slots_of_two_gpus_each_see_only_their_devices_and_consume_only_the_x2_q
     stack: ChaosStack, launch: Callable[..., Launcher], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     launch("x2", "--gpus", "0,1,2,3", "--gpus-per-worker", "2", "--gpu-class", "test")
-    beats = _wait_slots(stack, 2)
+    beats = wait_slots(stack, 2)
     assert sorted((beat["slot"], tuple(beat["gpus"]), beat["gpu_class"]) for beat in beats) == [
         ("0", (0, 1), "test"),
         ("1", (2, 3), "test"),
@@ -86,7 +73,7 @@ def test_a_model_of_two_gpus_per_replica_never_runs_on_a_one_gpu_slot(
     )  # fmt: skip
     narrow = launch("x1", "--gpus", "0,1", "--gpus-per-worker", "1", "--gpu-class", "test")
     wide = launch("x2", "--gpus", "2,3", "--gpus-per-worker", "2", "--gpu-class", "test")
-    _wait_slots(stack, 3)
+    wait_slots(stack, 3)
     ids = write_records(tmp_path / "in.jsonl", [f"record {n}" for n in range(40)])
     job_id = stack.submit(model="wide-echo", input_path=tmp_path / "in.jsonl", shard_size=5)
     job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).is_finished and j, timeout_s=90, what="job", stack=stack)

@@ -18,15 +18,14 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant
-from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
+from portal.jobs.models import Job, JobEvent, JobStatus
+from portal.jobs.selectors import quota_usage
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
-from portal.jobs.services.usage import gpu_seconds_used, month_of
 from portal.tenancy.models import Quota, Tenant
 from tasks.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.formats.records import LineProblem, input_field_for
@@ -171,32 +170,30 @@ def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> 
     """Check the tenant's limits with its quota row locked, so concurrent submissions queue up here."""
     Quota.objects.get_or_create(tenant=tenant)
     quota = Quota.objects.select_for_update().get(tenant=tenant)
-    active = Job.objects.filter(tenant=tenant).exclude(status__in=FINAL_STATUSES)
     if quota.max_input_bytes is not None and input_bytes > quota.max_input_bytes:
         raise QuotaExceeded(quota="max_input_bytes", limit=quota.max_input_bytes, current=0, requested=input_bytes)
-    if quota.max_concurrent_jobs is not None:
-        running = active.count()
-        if running + 1 > quota.max_concurrent_jobs:
-            raise QuotaExceeded(
-                quota="max_concurrent_jobs", limit=quota.max_concurrent_jobs, current=running, requested=1
-            )
-    if quota.gpu_seconds_per_month is not None:
-        used = gpu_seconds_used(tenant_id=tenant.pk, period=month_of(timezone.now()))
-        if used >= quota.gpu_seconds_per_month:
-            raise QuotaExceeded(
-                quota="gpu_seconds_per_month",
-                limit=quota.gpu_seconds_per_month,
-                current=round(used, 1),
-                requested=0,
-                message=f"quota gpu_seconds_per_month exhausted: limit {quota.gpu_seconds_per_month}, "
-                f"used {used:.1f} this month",
-            )
-    if quota.max_queued_records is not None and records is not None:
-        queued = active.aggregate(total=Sum("total_records"))["total"] or 0
-        if queued + records > quota.max_queued_records:
-            raise QuotaExceeded(
-                quota="max_queued_records", limit=quota.max_queued_records, current=queued, requested=records
-            )
+    use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
+    if quota.max_concurrent_jobs is not None and use.concurrent_jobs + 1 > quota.max_concurrent_jobs:
+        raise QuotaExceeded(
+            quota="max_concurrent_jobs", limit=quota.max_concurrent_jobs, current=use.concurrent_jobs, requested=1
+        )
+    if quota.gpu_seconds_per_month is not None and use.gpu_seconds_this_month >= quota.gpu_seconds_per_month:
+        raise QuotaExceeded(
+            quota="gpu_seconds_per_month",
+            limit=quota.gpu_seconds_per_month,
+            current=round(use.gpu_seconds_this_month, 1),
+            requested=0,
+            message=f"quota gpu_seconds_per_month exhausted: limit {quota.gpu_seconds_per_month}, "
+            f"used {use.gpu_seconds_this_month:.1f} this month",
+        )
+    if (
+        quota.max_queued_records is not None
+        and records is not None
+        and use.queued_records + records > quota.max_queued_records
+    ):
+        raise QuotaExceeded(
+            quota="max_queued_records", limit=quota.max_queued_records, current=use.queued_records, requested=records
+        )
 
 
 def job_submit(

@@ -48,9 +48,3 @@ def usage_record(*, job_id: str) -> JobUsage:
     )
     gpu_seconds_record(job=job, added=usage.gpu_seconds - charged)
     return usage
-
-
-def gpu_seconds_used(*, tenant_id: int, period: dt.date) -> float:
-    """GPU-seconds of the tenant's jobs that ended in the month starting on `period`."""
-    total = JobUsage.objects.filter(tenant_id=tenant_id, period=period).aggregate(total=Sum("gpu_seconds"))["total"]
-    return float(total or 0.0)

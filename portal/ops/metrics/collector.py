@@ -9,28 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import redis
-from django.db.models import Count, Sum
-from django.utils import timezone
+from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from portal.catalog.models import GpuClass, Model
-from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
-from portal.jobs.services.usage import month_of
+from portal.jobs.models import FINAL_STATUSES, Job
+from portal.jobs.selectors import quota_usage
 from portal.ops.metrics.families import STORED, Family
 from portal.ops.metrics.sweeps import reconcile_last_sweep
 from portal.ops.models import MetricSample
 from portal.ops.selectors import fleet_overview
 from portal.tenancy.models import Quota
 from tasks.broker_probe import queue_depths
-from tasks.config import GPU_QUEUE_PREFIX, declared_queues, gpu_queue
+from tasks.config import declared_queues, gpu_queue, queue_gpu_class
 from tasks.heartbeat import LAST_SEEN_KEY
 from tasks.redis_client import redis_client
 
@@ -40,11 +38,12 @@ LAST_SEEN_RETENTION_S = 24 * 3600
 
 class ControlCollector(Collector):
     def collect(self) -> Iterator[Metric]:
+        slots = fleet_overview()
         yield from stored_families()
         yield from job_gauges()
         yield from quota_gauges()
-        yield from queue_gauges()
-        yield from fleet_gauges()
+        yield from queue_gauges(slots)
+        yield from fleet_gauges(slots)
         yield from reconcile_gauges()
 
 
@@ -93,42 +92,21 @@ def quota_gauges() -> Iterator[Metric]:
     used = GaugeMetricFamily(
         "batchery_quota_used", "What the tenant uses of the quota now.", labels=("tenant", "quota")
     )
-    active = {
-        row["tenant_id"]: row
-        for row in Job.objects.exclude(status__in=FINAL_STATUSES)
-        .values("tenant_id")
-        .annotate(jobs=Count("id"), records=Sum("total_records"))
-    }
-    month = month_of(timezone.now())
-    gpu_seconds = dict(
-        JobUsage.objects.filter(period=month)
-        .values("tenant_id")
-        .annotate(total=Sum("gpu_seconds"))
-        .values_list("tenant_id", "total")
-    )
-    for quota in Quota.objects.select_related("tenant"):
-        tenant = quota.tenant.name
-        current: Any = active.get(quota.tenant_id, {})
+    quotas = list(Quota.objects.select_related("tenant"))
+    usage = quota_usage(tenant_ids=[quota.tenant_id for quota in quotas])
+    for quota in quotas:
+        use = usage[quota.tenant_id]
         figures = {
-            "max_concurrent_jobs": (quota.max_concurrent_jobs, current.get("jobs") or 0),
-            "max_queued_records": (quota.max_queued_records, current.get("records") or 0),
-            "gpu_seconds_per_month": (quota.gpu_seconds_per_month, gpu_seconds.get(quota.tenant_id) or 0.0),
+            "max_concurrent_jobs": (quota.max_concurrent_jobs, use.concurrent_jobs),
+            "max_queued_records": (quota.max_queued_records, use.queued_records),
+            "gpu_seconds_per_month": (quota.gpu_seconds_per_month, use.gpu_seconds_this_month),
         }
         for name, (bound, in_use) in figures.items():
-            used.add_metric([tenant, name], float(in_use))
+            used.add_metric([quota.tenant.name, name], float(in_use))
             if bound is not None:
-                limit.add_metric([tenant, name], float(bound))
+                limit.add_metric([quota.tenant.name, name], float(bound))
     yield limit
     yield used
-
-
-def _gpu_class_of(queue: str) -> str:
-    """`gpu.h100-80gb.x2` -> `h100-80gb`; the control queue has no class."""
-    if not queue.startswith(GPU_QUEUE_PREFIX):
-        return ""
-    name = queue.removeprefix(GPU_QUEUE_PREFIX)
-    head, _, size = name.rpartition(".x")
-    return head if head and size.isdigit() else name
 
 
 def _known_queues(slots: list[dict[str, Any]]) -> set[str]:
@@ -140,7 +118,8 @@ def _known_queues(slots: list[dict[str, Any]]) -> set[str]:
     }
 
 
-def queue_gauges(slots: list[dict[str, Any]] | None = None) -> Iterator[Metric]:
+def queue_gauges(slots: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Each known queue's backlog: those the site declares, its models use, and its live slots consume."""
     labels = ("queue_name", "gpu_class")
     ready = GaugeMetricFamily(
         "batchery_queue_ready_messages", "Messages waiting in the queue, over all priority lists.", labels=labels
@@ -148,16 +127,15 @@ def queue_gauges(slots: list[dict[str, Any]] | None = None) -> Iterator[Metric]:
     reserved = GaugeMetricFamily(
         "batchery_queue_reserved_messages", "Messages delivered to a worker, not yet acknowledged.", labels=labels
     )
-    depths = queue_depths(_known_queues(fleet_overview() if slots is None else slots)) or {}
+    depths = queue_depths(_known_queues(slots)) or {}
     for queue, depth in sorted(depths.items()):
-        ready.add_metric([queue, _gpu_class_of(queue)], depth.ready)
-        reserved.add_metric([queue, _gpu_class_of(queue)], depth.reserved)
+        ready.add_metric([queue, queue_gpu_class(queue)], depth.ready)
+        reserved.add_metric([queue, queue_gpu_class(queue)], depth.reserved)
     yield ready
     yield reserved
 
 
-def fleet_gauges() -> Iterator[Metric]:
-    slots = fleet_overview()
+def fleet_gauges(slots: list[dict[str, Any]]) -> Iterator[Metric]:
     classes = {gpu_class for gpu_class in GpuClass.objects.values_list("name", flat=True)}
     classes |= {slot.get("gpu_class", "") for slot in slots}
     alive = Counter(slot.get("gpu_class", "") for slot in slots)
@@ -187,12 +165,19 @@ def _last_heartbeats() -> Metric:
     except redis.RedisError:
         return family
     forgotten = []
+    now = time.time()
     for key, raw in entries.items():
-        beat = json.loads(raw)
-        if time.time() - float(beat["at"]) > LAST_SEEN_RETENTION_S:
+        try:
+            beat = json.loads(raw)
+            labels, at = [str(beat["host"]), str(beat["slot"]), str(beat["gpu_class"])], float(beat["at"])
+        except (ValueError, KeyError, TypeError):
+            # One unreadable entry must not take the whole scrape down; it is dropped like a stale one.
             forgotten.append(key)
             continue
-        family.add_metric([str(beat["host"]), str(beat["slot"]), str(beat["gpu_class"])], float(beat["at"]))
+        if now - at > LAST_SEEN_RETENTION_S:
+            forgotten.append(key)
+            continue
+        family.add_metric(labels, at)
     if forgotten:
         with contextlib.suppress(redis.RedisError):
             client.hdel(LAST_SEEN_KEY, *forgotten)
@@ -205,7 +190,7 @@ def reconcile_gauges() -> Iterator[Metric]:
     )
     duration = GaugeMetricFamily("batchery_reconcile_last_duration_seconds", "How long that sweep took.")
     sweep = reconcile_last_sweep()
-    if sweep is not None and not math.isnan(sweep.finished_at):
+    if sweep is not None:
         last.add_metric([], sweep.finished_at)
         duration.add_metric([], sweep.duration_s)
     yield last

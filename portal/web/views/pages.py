@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from portal.catalog.selectors import models_for_tenant
+from portal.ops.selectors import flower_link
 from portal.tenancy.access import NoTenantAccess
 from portal.web.access import PortalAccess, page, refused, switch_tenant, tenant_view
 from portal.web.selectors import fleet_view, quota_use, usage_by_month
@@ -29,9 +29,8 @@ def _fleet_context(portal: PortalAccess) -> dict[str, Any]:
 
 @tenant_view()
 def fleet(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
-    # Flower shows every tenant's tasks and can stop workers: only staff get the link.
-    flower_url = settings.BATCHERY_FLOWER_URL if request.user.is_staff else None
-    return page(request, portal, "web/fleet.html", {**_fleet_context(portal), "flower_url": flower_url})
+    context = {**_fleet_context(portal), "flower_url": flower_link(request.user)}
+    return page(request, portal, "web/fleet.html", context)
 
 
 @tenant_view()

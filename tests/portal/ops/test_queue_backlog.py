@@ -56,7 +56,7 @@ def test_messages_of_three_priorities_are_all_counted_as_ready(queue: str) -> No
 
     depth = (queue_depths([queue]) or {})[queue]
     assert (depth.ready, depth.reserved) == (sent, 0)
-    families = list(queue_gauges(slots=[{"queue": queue}]))
+    families = list(queue_gauges([{"queue": queue}]))
     assert _gauge(families, "batchery_queue_ready_messages", queue) == sent
     assert _gauge(families, "batchery_queue_reserved_messages", queue) == 0
     (sample,) = [s for s in families[0].samples if s.labels["queue_name"] == queue]
@@ -69,7 +69,7 @@ def test_a_delivered_but_unacknowledged_message_counts_as_reserved_not_lost(queu
         channel = connection.channel()
         delivered = channel.basic_get(queue, no_ack=False)
         assert delivered is not None
-        families = list(queue_gauges(slots=[{"queue": queue}]))
+        families = list(queue_gauges([{"queue": queue}]))
         assert _gauge(families, "batchery_queue_ready_messages", queue) == sent - 1
         assert _gauge(families, "batchery_queue_reserved_messages", queue) == 1
         channel.basic_reject(delivered.delivery_tag, requeue=True)
