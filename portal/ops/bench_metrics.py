@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -34,8 +35,18 @@ def _scrape(url: str) -> float:
     return time.perf_counter() - started
 
 
-def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metrics: bool) -> float:
-    """Records per second of one job on a fresh stack, submission to merged output."""
+@dataclass(frozen=True)
+class StackRun:
+    records_per_s: float
+    """The job's records over its time from submission to merged output."""
+    shard_seconds: float
+    """Mean start-to-commit time of its shards, as their manifests recorded it."""
+    shard_records: int
+    """Records per shard."""
+
+
+def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metrics: bool) -> StackRun:
+    """One job on a fresh stack: its rate and its shards' size and duration."""
     port = free_port() if metrics else 0
     stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=cpu_slots, logs_to_files=True, metrics_port=port))
     stack.start()
@@ -57,7 +68,29 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
     finally:
         stop.set()
         stack.stop()
-    return job.succeeded_records / elapsed
+    durations = [
+        (shard.finished_at - shard.started_at).total_seconds()
+        for shard in job.shards.all()
+        if shard.finished_at and shard.started_at
+    ]
+    return StackRun(
+        records_per_s=job.succeeded_records / elapsed,
+        shard_seconds=sum(durations) / max(1, len(durations)),
+        shard_records=job.shard_size,
+    )
+
+
+def instrumentation_seconds_per_shard(*, micro_batches: int, shards: int = 2000) -> float:
+    """Seconds a slot spends on its metrics for one shard, timed in a process of its own (see
+    `portal.ops.bench_instrumentation`: multiprocess mode needs its directory set before import)."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "portal.ops.bench_instrumentation", str(shards), str(micro_batches)],
+        env={**os.environ, "BATCHERY_SLOT": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(finished.stdout.strip())
 
 
 def scrape_p99(*, slots: int, count: int) -> tuple[float, float]:

@@ -39,6 +39,16 @@ class StackOptions:
     """Send each process's output to var/logs/<name>.log instead of this terminal."""
 
 
+def repoint_celery_app() -> None:
+    """Point this process's Celery app and Redis client at the broker the environment names now."""
+    from tasks.app import app
+    from tasks.config import celery_settings
+    from tasks.redis_client import redis_client
+
+    app.conf.update(celery_settings())
+    redis_client.cache_clear()
+
+
 @dataclass
 class Stack:
     options: StackOptions
@@ -54,16 +64,7 @@ class Stack:
                 self.env[name] = self.redis.url
                 os.environ[name] = self.redis.url
             logger.info("embedded Redis on %s", self.redis.url)
-            self._repoint_celery_app()
-
-    def _repoint_celery_app(self) -> None:
-        from tasks.app import app
-        from tasks.config import celery_settings
-
-        app.conf.update(celery_settings())
-        from tasks.redis_client import redis_client
-
-        redis_client.cache_clear()
+            repoint_celery_app()
 
     def _portal_env(self) -> dict[str, str]:
         """The portal's environment: gunicorn's workers share a fresh metrics directory."""

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +25,15 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Sum
 
+from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
 from portal.ops.bench_io import DEFAULT_SIZES_MB, render_io_results, run_io_bench
-from portal.ops.bench_metrics import scrape_p99, stack_rate
+from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from portal.ops.demo import write_demo_dataset
-from portal.ops.stack import Stack, StackOptions
+from portal.ops.embedded import start_embedded_redis
+from portal.ops.stack import Stack, StackOptions, repoint_celery_app
 from portal.tenancy.services import tenant_get_or_create
 
 
@@ -49,6 +55,25 @@ def bare_loop_rates(sentences: list[str], *, source: str, batch_size: int) -> tu
         model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
         rates.append(len(sentences) / (time.perf_counter() - started))
     return rates[0], rates[1]
+
+
+@contextmanager
+def shared_broker() -> Iterator[None]:
+    """One embedded Redis for every stack the benchmark starts, where no broker is configured.
+
+    A stack that starts its own Redis points this process (and its Celery app) at it and stops it at
+    the end; the next stack would find the first one's dead address.
+    """
+    if os.environ.get("CELERY_BROKER_URL"):
+        yield
+        return
+    redis = start_embedded_redis(Path(settings.VAR_DIR) / "redis")
+    os.environ["CELERY_BROKER_URL"] = os.environ["CELERY_RESULT_BACKEND"] = redis.url
+    repoint_celery_app()
+    try:
+        yield
+    finally:
+        redis.stop()
 
 
 def sizes_mb(value: str) -> list[int]:
@@ -79,6 +104,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-sentences", type=int, default=6_000, help="job size of the metrics on/off comparison (0: skip)"
         )
+        parser.add_argument(
+            "--metrics-rounds", type=int, default=2, help="off/on pairs of the comparison; medians are compared"
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
@@ -86,9 +114,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", verbosity=0)
         if not options["only_io"]:
-            self.stack_bench(options)
-            if options["metrics_sentences"]:
-                self.metrics_bench(options)
+            with shared_broker():
+                self.stack_bench(options)
+                if options["metrics_sentences"]:
+                    self.metrics_bench(options)
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
 
@@ -99,24 +128,32 @@ class Command(BaseCommand):
         warmup = write_demo_dataset(bench_dir / "warmup.jsonl", sentences=400, seed=1)
         model = Model.objects.get(is_default=True, enabled=True).name
         self.stdout.write("")
-        self.stdout.write(
-            f"monitoring: {count} sentences, metrics off and on (scraped every 1 s), alternated twice ..."
-        )
-        # Alternated, so that neither side gets the warmer page cache or the quieter minute.
-        runs: dict[bool, list[float]] = {False: [], True: []}
-        for on in (False, True, False, True):
-            runs[on].append(
-                stack_rate(dataset=dataset, warmup=warmup, model=model, cpu_slots=options["cpu_slots"], metrics=on)
-            )
-        rates = {on: sum(values) / len(values) for on, values in runs.items()}
+        rounds = options["metrics_rounds"]
+        self.stdout.write(f"monitoring: {count} sentences, metrics off and on (scraped every 1 s), {rounds} rounds ...")
+        # Alternated in the order off, on, on, off, ...: neither side always runs first in its round
+        # (the warmer page cache, the quieter minute).
+        runs: dict[bool, list[StackRun]] = {False: [], True: []}
+        for round_number in range(rounds):
+            for on in (False, True) if round_number % 2 == 0 else (True, False):
+                runs[on].append(
+                    stack_rate(dataset=dataset, warmup=warmup, model=model, cpu_slots=options["cpu_slots"], metrics=on)
+                )
+        rates = {on: statistics.median(run.records_per_s for run in done) for on, done in runs.items()}
         self.stdout.write("timing 200 scrapes of a launcher with 8 slots ...")
         p50, p99 = scrape_p99(slots=8, count=200)
+        last = runs[True][-1]
+        micro_batches = math.ceil(last.shard_records / micro_batch_size())
+        cost = instrumentation_seconds_per_shard(micro_batches=micro_batches)
         for on, label in ((False, "metrics off"), (True, "metrics on ")):
-            each = ", ".join(f"{rate:.1f}" for rate in runs[on])
-            self.stdout.write(f"{label}          {rates[on]:8.1f} records/s  (runs: {each})")
+            each = ", ".join(f"{run.records_per_s:.1f}" for run in runs[on])
+            self.stdout.write(f"{label}          {rates[on]:8.1f} records/s median  (runs: {each})")
         self.stdout.write(f"ratio on / off       {rates[True] / rates[False]:8.3f}  (target >= 0.99)")
+        self.stdout.write(
+            f"metrics per shard    {cost * 1e6:8.1f} us  ({micro_batches} micro-batches; the same run's shards took "
+            f"{last.shard_seconds:.3f} s each: {cost / last.shard_seconds:.5%} of a shard)"
+        )
         self.stdout.write(f"scrape, 8 slots      p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
-        self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-sentences 6000")
+        self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-rounds 4")
 
     def io_bench(self, sizes: list[int]) -> None:
         self.stdout.write("")
