@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuworkers.engines.base import Engine
-from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
+from gpuworkers.faults import StickyDeviceError, is_sticky_device_error, raised_from
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +145,9 @@ def _attempt(
     # frames and, through them, the tensors of the failed batch, which must be gone before a retry.
     try:
         return _checked_run(engine, [value for _, value in items], params)
-    except propagate:
-        raise
     except Exception as exc:
+        if raised_from(exc, propagate):
+            raise
         if is_sticky_device_error(exc):
             raise StickyDeviceError(f"the device's context is broken: {_describe(exc)}") from exc
         return _Failure(OUT_OF_MEMORY if _is_out_of_memory(exc) else ENGINE_ERROR, _describe(exc))

@@ -9,6 +9,7 @@ raises `StickyDeviceError` instead, and the shard task makes the worker exit for
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 ERROR_MARKERS: tuple[str, ...] = (
     "illegal memory access",
@@ -38,6 +39,21 @@ class StickyDeviceError(Exception):
     """The device's context is broken (chained to the original error): the worker process must exit."""
 
 
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, nearest first (at most `_CHAIN_LIMIT`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < _CHAIN_LIMIT:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def raised_from(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """True when ``exc`` or an exception in its chain is one of ``kinds`` (an engine may wrap an interrupt)."""
+    return any(isinstance(link, kinds) for link in exception_chain(exc))
+
+
 def is_sticky_device_error(exc: BaseException) -> bool:
     """True when ``exc``, or an exception it was raised from, is a CUDA error that poisons the context.
 
@@ -45,17 +61,13 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     older torch and of vLLM): a `ValueError` that quotes a record holding "illegal memory access"
     must stay a bad record, not take the worker down.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < _CHAIN_LIMIT:
-        seen.add(id(current))
-        if type(current).__name__ in DEAD_ENGINE_ERRORS:
+    for link in exception_chain(exc):
+        if type(link).__name__ in DEAD_ENGINE_ERRORS:
             return True
-        if isinstance(current, RuntimeError) and not _is_torch_out_of_memory(current):
-            message = str(current).lower()
+        if isinstance(link, RuntimeError) and not _is_torch_out_of_memory(link):
+            message = str(link).lower()
             if any(marker in message for marker in ERROR_MARKERS):
                 return True
-        current = current.__cause__ or current.__context__
     return False
 
 

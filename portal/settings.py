@@ -12,7 +12,7 @@ from typing import Any
 import dj_database_url
 
 from tasks.config import storage_url, var_dir
-from tasks.env import env_bool, env_int, env_list, env_str
+from tasks.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
@@ -140,16 +140,31 @@ LOGGING = {
 # `authorization` scrape setting); unset, it answers anyone who reaches the portal.
 BATCHERY_METRICS_TOKEN = env_str("BATCHERY_METRICS_TOKEN", "")
 
+# The scheduler (portal.jobs.services.scheduler): tenants' GPU-seconds decay with this half-life, so
+# fair share looks at recent use; each live slot of a class gets this many shards in the broker at
+# a time (the one it runs and the next), and a class with no slot heartbeat (plain workers) this many.
+BATCHERY_FAIR_SHARE_HALF_LIFE_S = env_float("BATCHERY_FAIR_SHARE_HALF_LIFE_S", 3600.0, minimum=1.0)
+BATCHERY_SCHEDULER_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_SHARDS_PER_SLOT", 2, minimum=1)
+BATCHERY_SCHEDULER_DEFAULT_WINDOW = env_int("BATCHERY_SCHEDULER_DEFAULT_WINDOW", 8, minimum=1)
+# Stragglers: once a job has no shard left to send, a slot that would idle runs a copy of its slowest
+# running shard (one copy per shard at most); the first commit wins and the other attempt stops.
+BATCHERY_SPECULATION = env_bool("BATCHERY_SPECULATION", True)
+
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
 BATCHERY_STORAGE_URL = storage_url()
 # Inputs up to this size are checked line by line at submission, so a bad file is refused before a
 # job exists; larger ones are checked by the planner, which fails the job naming the lines.
 BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 256 * 1024 * 1024, minimum=0)
 BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1)
-# Default sharding: aim for this many shards a job, each between the two bounds.
-BATCHERY_TARGET_SHARDS = env_int("BATCHERY_TARGET_SHARDS", 64, minimum=1)
-BATCHERY_MIN_SHARD_RECORDS = env_int("BATCHERY_MIN_SHARD_RECORDS", 100, minimum=1)
+# Default sharding (no shard_size given): the planner ends a shard before its estimated compute
+# seconds (portal.catalog.throughput) would pass the target, and at the record bound whatever the
+# estimate. A model that never ran is estimated at the default seconds a record. A job whose size
+# is known at submission is cut smaller, down to the minimum, so that it spreads over its class's
+# slots (two shards each) instead of filling one.
+BATCHERY_TARGET_SHARD_SECONDS = env_int("BATCHERY_TARGET_SHARD_SECONDS", 60, minimum=1)
+BATCHERY_MIN_SHARD_SECONDS = env_float("BATCHERY_MIN_SHARD_SECONDS", 5.0, minimum=0.001)
 BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)
+BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float("BATCHERY_DEFAULT_SECONDS_PER_RECORD", 0.05, minimum=0.0)
 
 # The API: keys for programs, sessions for the portal; one error shape; cursor pages.
 REST_FRAMEWORK = {
@@ -158,6 +173,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["portal.api.permissions.TenantRolePermission"],
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "portal.api.pagination.CreatedCursorPagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -17,6 +17,7 @@ app.conf.include = [
     "tasks.plan",
     "tasks.run_shard",
     "tasks.merge",
+    "tasks.shard_done",
     "tasks.reconcile",
     "tasks.diagnostics",
     "tasks.finalize_batch",

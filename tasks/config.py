@@ -88,6 +88,9 @@ if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
 # finish; an orchestrator with a short grace period sets it shorter.
 SOFT_SHUTDOWN_S = env_int("BATCHERY_SOFT_SHUTDOWN_S", SHARD_HARD_TIME_LIMIT_S, minimum=0)
 RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
+# A pool process preloads its models (`launch --preload`) before it tells its worker it is up; Celery
+# kills one that stays silent past its default of 4 s, and a real model takes a minute to load.
+PROCESS_START_TIMEOUT_S = env_int("BATCHERY_PROCESS_START_TIMEOUT_S", 900, minimum=4)
 
 
 def celery_settings() -> dict[str, object]:
@@ -96,11 +99,13 @@ def celery_settings() -> dict[str, object]:
         "broker_url": broker_url(),
         "result_backend": result_backend_url(),
         "broker_connection_retry_on_startup": True,
-        # Ten priority levels (Redis emulates them with one list per level; 0 is served first).
+        # Ten priority levels (Redis emulates them with one list per level; 0 is served first). A
+        # worker consuming several queues takes them in turn: kombu's "priority" order would serve
+        # the first queue for as long as it holds messages and starve the others.
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY_TIMEOUT_S,
             "priority_steps": list(range(10)),
-            "queue_order_strategy": "priority",
+            "queue_order_strategy": "round_robin",
         },
         "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
         "result_expires": RESULT_EXPIRES_S,
@@ -117,6 +122,7 @@ def celery_settings() -> dict[str, object]:
         # A cold shutdown (SIGQUIT; SIGTERM for slots, see the launcher) first gives running tasks
         # this long, then stops them; acks_late puts their messages back.
         "worker_soft_shutdown_timeout": float(SOFT_SHUTDOWN_S),
+        "worker_proc_alive_timeout": float(PROCESS_START_TIMEOUT_S),
         "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
         "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),
         "task_track_started": True,
@@ -129,6 +135,7 @@ def celery_settings() -> dict[str, object]:
         "task_routes": {
             "batchery.plan_job": {"queue": CONTROL_QUEUE},
             "batchery.merge_job": {"queue": CONTROL_QUEUE},
+            "batchery.shard_done": {"queue": CONTROL_QUEUE},
             "batchery.reconcile": {"queue": CONTROL_QUEUE},
             "batchery.finalize_batch": {"queue": CONTROL_QUEUE},
         },

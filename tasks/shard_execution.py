@@ -29,21 +29,14 @@ from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
 from tasks.leases import Lease, shard_lease_key
 from tasks.progress import publish_shard_progress
 from tasks.shard_bisect import run_checkpointed
-from tasks.specs import ShardManifest, ShardSkipped, ShardSpec
-from tasks.stops import stop_reason
+from tasks.specs import ShardManifest, ShardSkipped, ShardSpec, read_commit
+from tasks.stops import PAUSED, arrival_hold, stop_reason
 from tasks.storage import ObjectStore, join_uri, store_for
 
 logger = logging.getLogger(__name__)
 
 # Embeddings arrive as numpy arrays; orjson writes them without a detour through Python floats.
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
-
-
-def read_committed_manifest(spec: ShardSpec) -> ShardManifest | None:
-    store = store_for(spec.commit_uri)
-    if not store.exists(spec.commit_uri):
-        return None
-    return ShardManifest.from_dict(orjson.loads(store.read_bytes(spec.commit_uri)))
 
 
 def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: str) -> int:
@@ -75,12 +68,14 @@ def _output_line(result: RecordResult) -> bytes:
 def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipped:
     attempts = metrics.SHARD_ATTEMPTS
     labels = metrics.model_labels(spec.model.name)
-    committed = read_committed_manifest(spec)
+    committed = read_commit(spec.shard_prefix)
     if committed is not None:
         logger.info("shard %s/%d already committed by %s", spec.job_id, spec.shard_index, committed.attempt_id)
         attempts.labels(*labels, "duplicate").inc()
         return committed
-    reason = stop_reason(spec.job_id)
+    reason = arrival_hold(spec.job_id)
+    if reason is None and spec.hold_uri and store_for(spec.hold_uri).exists(spec.hold_uri):
+        reason = PAUSED  # the Redis flag was lost (Redis restarted); the marker in storage was not
     if reason is not None:
         attempts.labels(*labels, "skipped").inc()
         return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=reason)
@@ -118,7 +113,9 @@ def _run_attempt(
     chunk = int(spec.params.get("micro_batch_size", micro_batch_size()))
 
     def stopped() -> bool:
-        return stop_reason(spec.job_id) is not None
+        # Cancelled or expired, or beaten: another attempt of this shard (a speculative copy of a
+        # straggler, or the straggler itself) committed first, and this one's work can only be lost.
+        return stop_reason(spec.job_id) is not None or store.exists(spec.commit_uri)
 
     def on_progress(done: int, failed: int) -> None:
         publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed)
@@ -159,7 +156,7 @@ def _run_attempt(
         )
         lines = _from_results(results)
     if lines is None:
-        return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=stop_reason(spec.job_id) or "")
+        return _abandoned(spec)
 
     attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
     output_uri = f"{attempt_prefix}.output.jsonl"
@@ -171,7 +168,7 @@ def _run_attempt(
         # Told to stop between micro-batches: the attempt is abandoned, not committed.
         store.delete_prefix(output_uri)
         store.delete_prefix(errors_uri)
-        return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=stop_reason(spec.job_id) or "")
+        return _abandoned(spec)
     on_progress(counts["records"], counts["failed"])
 
     manifest = ShardManifest(
@@ -199,10 +196,18 @@ def _run_attempt(
         # Another attempt committed first; ours is an orphan and the committed one stands.
         store.delete_prefix(output_uri)
         store.delete_prefix(errors_uri)
-        winner = read_committed_manifest(spec)
+        winner = read_commit(spec.shard_prefix)
         assert winner is not None
         return winner
     return manifest
+
+
+def _abandoned(spec: ShardSpec) -> ShardManifest | ShardSkipped:
+    """What an attempt that stopped early returns: the attempt that beat it, or why its job stopped."""
+    winner = read_commit(spec.shard_prefix)
+    if winner is not None:
+        return winner
+    return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=stop_reason(spec.job_id) or "")
 
 
 def _count_work(labels: tuple[str, ...], counts: dict[str, int]) -> None:

@@ -1,7 +1,8 @@
-"""The value objects that cross the broker: a shard's spec (in) and its manifest (out).
+"""The value objects that cross the broker, a shard's spec (in) and its manifest (out), and the commit marker.
 
 `run_shard` never touches the database, so the spec carries everything the shard needs and the
-manifest everything the merge needs. Both are plain JSON.
+manifest everything the merge needs. Both are plain JSON. A shard's first attempt to write its
+commit marker (`commit_uri`) wins; `read_commit` is how the worker and the control side read it.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 from gpuworkers.spec import ModelSpec
-from tasks.storage import join_uri
+from tasks.storage import join_uri, store_for
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class ShardSpec:
     """The record field the model's task reads (`input`, `prompt`, `messages`)."""
     params: dict[str, Any] = field(default_factory=dict)
     """Run-time parameters: the model's defaults overlaid with the job's."""
+    hold_uri: str = ""
+    """An object that exists while the job is paused: a shard that finds it on arrival does not start."""
 
     @property
     def commit_uri(self) -> str:
@@ -104,3 +109,12 @@ class ShardSkipped:
 
 def commit_uri(shard_prefix: str) -> str:
     return join_uri(shard_prefix, "commit.json")
+
+
+def read_commit(shard_prefix: str) -> ShardManifest | None:
+    """The manifest of the shard's committed attempt (the first writer of its commit marker), or None."""
+    uri = commit_uri(shard_prefix)
+    store = store_for(uri)
+    if not store.exists(uri):
+        return None
+    return ShardManifest.from_dict(orjson.loads(store.read_bytes(uri)))

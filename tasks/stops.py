@@ -1,7 +1,9 @@
-"""Stop flags: how a cancelled or expired job tells its shards to stop, without the database.
+"""Stop and pause flags: how a job tells its shards to stop, or not to start, without the database.
 
-A shard checks its job's flag when it arrives and between micro-batches. If Redis loses the flag,
-shards of an ended job run for nothing; the job's ending in the database does not change.
+A shard checks its job's stop flag (cancelled, expired) when it arrives and between micro-batches,
+and its pause flag only when it arrives: a paused job's running shards finish. If Redis loses a stop
+flag, shards of an ended job run for nothing; the job's ending in the database does not change. The
+reconciler raises the pause flags of paused jobs again on every sweep.
 """
 
 from __future__ import annotations
@@ -16,8 +18,16 @@ from tasks.redis_client import redis_client
 logger = logging.getLogger(__name__)
 
 
+PAUSED = "paused"
+"""What `arrival_hold` answers for a paused job."""
+
+
 def _key(job_id: str) -> str:
     return f"batchery:stop:{job_id}"
+
+
+def _pause_key(job_id: str) -> str:
+    return f"batchery:pause:{job_id}"
 
 
 def request_stop(job_id: str, reason: str) -> None:
@@ -41,6 +51,38 @@ def stop_reason(job_id: str) -> str | None:
         value = redis_client().get(_key(job_id))
     except redis.RedisError:
         return None
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def request_pause(job_ids: list[str]) -> None:
+    """Best effort, like the stop flag; the reconciler raises it again while the job is paused."""
+    if not job_ids:
+        return
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.set(_pause_key(job_id), PAUSED, ex=RESULT_EXPIRES_S)
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("could not raise the pause flag of %d jobs: %s", len(job_ids), exc)
+
+
+def clear_pause(job_id: str) -> None:
+    try:
+        redis_client().delete(_pause_key(job_id))
+    except redis.RedisError as exc:
+        logger.warning("could not clear the pause flag of job %s: %s", job_id, exc)
+
+
+def arrival_hold(job_id: str) -> str | None:
+    """Why a shard arriving now must not run: its job's stop reason, else `PAUSED`, else None."""
+    try:
+        stop, pause = redis_client().mget([_key(job_id), _pause_key(job_id)])
+    except redis.RedisError:
+        return None
+    value = stop if stop is not None else pause
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -11,8 +11,15 @@ from rest_framework import serializers
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobUsage
 from portal.jobs.selectors import job_progress
-from portal.jobs.services.submit import OUTPUT_FORMATS
-from portal.tenancy.models import ApiKey, Membership
+from portal.jobs.services.submit import (
+    MAX_DEADLINE_SECONDS,
+    MAX_PARAMS_BYTES,
+    MAX_PARAMS_DEPTH,
+    MAX_SHARD_SIZE,
+    OUTPUT_FORMATS,
+)
+from portal.scheduling.usage import usage_by_class
+from portal.tenancy.models import ApiKey, Membership, Tenant
 from tasks.formats.inputs import FORMATS
 from tasks.formats.records import input_field_for
 
@@ -89,6 +96,22 @@ class JobSerializer(serializers.ModelSerializer):
         return self._link(job, "errors")
 
 
+class ParamsField(serializers.JSONField):
+    """A JSON field that answers 400, not 500, when its value is nested too deeply to parse or encode.
+
+    A form field's JSON text is parsed here (a JSON body's, by the parser), and recursion runs out
+    long before any real params would; the limits themselves are the submission service's.
+    """
+
+    default_error_messages = {"too_deep": "is nested too deeply to read"}
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except RecursionError:
+            self.fail("too_deep")
+
+
 class JobCreateSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200, help_text="A catalog model's name.")
     model_version = serializers.CharField(max_length=50, required=False)
@@ -96,7 +119,11 @@ class JobCreateSerializer(serializers.Serializer):
     input_uri = serializers.CharField(
         max_length=1000, required=False, help_text="Or the input's storage URI, under a location the tenant may read."
     )
-    params = serializers.JSONField(required=False, help_text="Run-time parameters (a JSON object).")
+    params = ParamsField(
+        required=False,
+        help_text=f"Run-time parameters: a JSON object, nested at most {MAX_PARAMS_DEPTH} levels deep, "
+        f"at most {MAX_PARAMS_BYTES} bytes as JSON.",
+    )
     input_format = serializers.ChoiceField(
         choices=FORMATS, default="auto", help_text="auto: by the file's name and content; gzip and zstd detected."
     )
@@ -106,8 +133,20 @@ class JobCreateSerializer(serializers.Serializer):
     priority = serializers.IntegerField(
         min_value=0, max_value=9, required=False, help_text="At most the tenant's priority; default: the tenant's."
     )
-    shard_size = serializers.IntegerField(min_value=1, required=False)
-    deadline_seconds = serializers.FloatField(min_value=1, required=False)
+    shard_size = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_SHARD_SIZE,
+        required=False,
+        help_text="Records per shard; omitted: shards of about equal estimated cost.",
+    )
+    deadline_seconds = serializers.FloatField(
+        min_value=1, max_value=MAX_DEADLINE_SECONDS, required=False, help_text="Seconds until the job expires."
+    )
+    dry_run = serializers.BooleanField(
+        default=False,
+        help_text="Check the request and report what the job would do (200, a DryRunReport) without creating it; "
+        "an uploaded file is not kept.",
+    )
 
     def validate_params(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -118,6 +157,67 @@ class JobCreateSerializer(serializers.Serializer):
         if ("file" in attrs) == ("input_uri" in attrs):
             raise serializers.ValidationError({"input_uri": "give exactly one of file (an upload) and input_uri"})
         return attrs
+
+
+class LineProblemSerializer(serializers.Serializer):
+    line = serializers.IntegerField(help_text="1-based line (or row) number.")
+    message = serializers.CharField()
+
+
+class OverLengthSerializer(serializers.Serializer):
+    max_tokens = serializers.IntegerField(help_text="The most tokens the model reads from one input.")
+    count = serializers.IntegerField(help_text="Records with more tokens than that.")
+    lines = serializers.ListField(child=serializers.IntegerField(), help_text="The first of them, by line number.")
+
+
+class ShardEstimateSerializer(serializers.Serializer):
+    records = serializers.IntegerField()
+    seconds = serializers.FloatField(help_text="Estimated compute seconds on one replica.")
+
+
+class ShardPlanSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    listed = ShardEstimateSerializer(many=True, help_text="Each shard in order; empty past 100 shards.")
+    min_records = serializers.IntegerField()
+    median_records = serializers.FloatField()
+    max_records = serializers.IntegerField()
+    min_seconds = serializers.FloatField()
+    median_seconds = serializers.FloatField()
+    max_seconds = serializers.FloatField()
+
+
+class QuotaLineSerializer(serializers.Serializer):
+    quota = serializers.CharField(help_text="The limit's name.")
+    limit = serializers.IntegerField()
+    used = serializers.FloatField(help_text="Use so far (0 for a per-job limit).")
+    adds = serializers.FloatField(allow_null=True, help_text="What this job adds; null: not counted at submission.")
+    left = serializers.FloatField(allow_null=True, help_text="What would be left; below 0: over the limit.")
+    refused = serializers.CharField(allow_null=True, help_text="Why a submission would be refused; null: it fits.")
+
+
+class DryRunReportSerializer(serializers.Serializer):
+    """What a submission would do, from `job_dry_run`; nothing was created."""
+
+    accepted = serializers.BooleanField(help_text="Whether the job would be accepted now.")
+    model = serializers.CharField(help_text="name@version.")
+    input_bytes = serializers.IntegerField()
+    unit = serializers.CharField(help_text='What records are numbered by: "line", or "row" for Parquet.')
+    records = serializers.IntegerField(help_text="Valid records.")
+    problem_count = serializers.IntegerField()
+    problems = LineProblemSerializer(many=True, help_text="The first bad lines, as a submission names them.")
+    rejected = serializers.CharField(allow_null=True, help_text="The refusal a submission would give the input.")
+    input_tokens = serializers.IntegerField(allow_null=True, help_text="By the model's tokenizer; null: none.")
+    over_length = OverLengthSerializer(allow_null=True)
+    shards = ShardPlanSerializer()
+    estimated_seconds = serializers.FloatField(help_text="Compute seconds of all shards on one replica.")
+    estimated_gpu_seconds = serializers.FloatField(help_text="Times the model's GPUs per replica.")
+    observed = serializers.BooleanField(help_text="True: learned from the model's finished shards; false: a default.")
+    queue = serializers.CharField()
+    slots = serializers.IntegerField()
+    backlog_seconds = serializers.FloatField(help_text="Estimated seconds of the shards already on the queue.")
+    share = serializers.FloatField(help_text="The tenant's fraction of the queue while others have work on it.")
+    eta_seconds = serializers.FloatField(help_text="Estimated seconds until the job would end.")
+    quota = QuotaLineSerializer(many=True)
 
 
 class CatalogModelSerializer(serializers.ModelSerializer):
@@ -203,3 +303,20 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 class MembershipRoleSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class TenantShareSerializer(serializers.ModelSerializer):
+    """A tenant's share of the fleet, as operators set it."""
+
+    recent_gpu_seconds = serializers.SerializerMethodField(
+        help_text="GPU-seconds per GPU class as fair share weighs them now (decayed with the configured half-life)."
+    )
+
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "priority", "weight", "recent_gpu_seconds", "created_at"]
+        read_only_fields = ["id", "name", "created_at"]
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_recent_gpu_seconds(self, tenant: Tenant) -> dict[str, float]:
+        return usage_by_class(tenant.fair_share_usage.all())

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 from portal.api.views.catalog import CatalogModelViewSet
 from portal.api.views.jobs import JobViewSet
 from portal.api.views.members import ApiKeyViewSet, MembershipViewSet
+from portal.api.views.tenants import TenantViewSet
 from portal.api.views.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -16,6 +17,7 @@ router.register("models", CatalogModelViewSet, basename="model")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("api-keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="member")
+router.register("tenants", TenantViewSet, basename="tenant")
 
 app_name = "api"
 urlpatterns = router.urls

@@ -14,6 +14,7 @@ RUNNING_STATUSES: dict[str, str] = {
     JobStatus.QUEUED: "validating",
     JobStatus.PLANNING: "validating",
     JobStatus.RUNNING: "in_progress",
+    JobStatus.PAUSED: "in_progress",
     JobStatus.MERGING: "finalizing",
     JobStatus.CANCELLING: "cancelling",
 }

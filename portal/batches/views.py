@@ -12,7 +12,7 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from portal.api.access import request_access, request_user
 from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
 from portal.api.errors import ApiError, conflict, submission_refused, too_large
+from portal.api.parsers import JSONParser
 from portal.api.uploads import refuse_oversized_request
 from portal.batches.models import Batch, File
 from portal.batches.selectors import batch_object, file_object

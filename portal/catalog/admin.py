@@ -10,7 +10,7 @@ from django.http import HttpRequest
 
 from portal.audit.admin import admin_actor
 from portal.audit.services import audit_change, field_values, stored_field_values
-from portal.catalog.models import GpuClass, Model
+from portal.catalog.models import GpuClass, Model, ModelThroughput
 from portal.catalog.services import catalog_publish
 
 
@@ -25,6 +25,31 @@ class GpuClassAdmin(admin.ModelAdmin):
     @admin.display(description="models", ordering="model_count")
     def model_count(self, gpu_class: GpuClass) -> int:
         return int(getattr(gpu_class, "model_count", 0))
+
+
+class ModelThroughputInline(admin.TabularInline):
+    """What the planner's cost estimate is learned from; written only by finished shards."""
+
+    model = ModelThroughput
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ("gpu_class", "per_record_s", "per_char_s", "observations", "updated_at")
+    verbose_name = "learned throughput"
+    verbose_name_plural = "learned throughput (seconds = s/record * records + s/char * input characters)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    @admin.display(description="s / record")
+    def per_record_s(self, throughput: ModelThroughput) -> str:
+        return f"{throughput.rates()[0]:.3g}"
+
+    @admin.display(description="s / char")
+    def per_char_s(self, throughput: ModelThroughput) -> str:
+        return f"{throughput.rates()[1]:.3g}"
 
 
 @admin.register(Model)
@@ -43,6 +68,7 @@ class ModelAdmin(admin.ModelAdmin):
     list_filter = ["engine", "task", "gpu_class", "enabled", "is_default"]
     list_select_related = ["gpu_class"]
     search_fields = ["name", "description", "source"]
+    inlines = [ModelThroughputInline]
 
     def save_model(self, request: HttpRequest, obj: Model, form: ModelForm, change: bool) -> None:
         before = stored_field_values(obj) if change else None

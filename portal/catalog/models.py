@@ -68,3 +68,57 @@ class Model(models.Model):
             gpus_per_replica=self.gpus_per_replica,
             load_params=dict(self.load_params),
         )
+
+
+class ModelThroughput(models.Model):
+    """How fast a model runs on a GPU class, learned from its finished shards.
+
+    A shard's compute seconds are modelled as `per_record_s * records + per_char_s * chars` (chars:
+    the characters of its records' input text). The row keeps the exponentially decayed sums of the
+    least-squares normal equations over the observations (records r, chars c, seconds t): each new
+    shard is added with weight 1 after every earlier one is multiplied by the decay, so an upgrade or
+    a new engine version shows within a few dozen shards. `portal.catalog.throughput` writes it.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="throughputs")
+    gpu_class = models.ForeignKey(GpuClass, on_delete=models.CASCADE, related_name="throughputs")
+    observations = models.PositiveBigIntegerField(default=0, help_text="Finished shards learned from.")
+    weight = models.FloatField(default=0.0, help_text="Decayed count of the observations.")
+    sum_rr = models.FloatField(default=0.0, help_text="Decayed sum of records².")
+    sum_rc = models.FloatField(default=0.0, help_text="Decayed sum of records * chars.")
+    sum_cc = models.FloatField(default=0.0, help_text="Decayed sum of chars².")
+    sum_rt = models.FloatField(default=0.0, help_text="Decayed sum of records * seconds.")
+    sum_ct = models.FloatField(default=0.0, help_text="Decayed sum of chars * seconds.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # Below this, 1 - cos²(records, chars) says the shards seen so far all had about the same chars
+    # per record (std of that ratio under ~1 %): records and chars cannot be told apart, so the
+    # split between the two rates would be noise. The per-record rate alone predicts such shards.
+    COLLINEAR = 1e-4
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "gpu_class"], name="unique_throughput_per_class")]
+
+    def __str__(self) -> str:
+        return f"{self.model_id} on {self.gpu_class_id}"
+
+    def rates(self) -> tuple[float, float]:
+        """(seconds per record, seconds per char): the decayed least-squares fit, never negative."""
+        if self.sum_rr <= 0:
+            return 0.0, 0.0
+        per_record_only = max(self.sum_rt / self.sum_rr, 0.0)
+        if self.sum_cc <= 0:
+            return per_record_only, 0.0
+        det = self.sum_rr * self.sum_cc - self.sum_rc**2
+        if det <= self.COLLINEAR * self.sum_rr * self.sum_cc:
+            return per_record_only, 0.0
+        per_record = (self.sum_cc * self.sum_rt - self.sum_rc * self.sum_ct) / det
+        per_char = (self.sum_rr * self.sum_ct - self.sum_rc * self.sum_rt) / det
+        if per_record >= 0 and per_char >= 0:
+            return per_record, per_char
+        # The best fit with one rate held at zero: of the two one-rate fits, the one whose residual
+        # is smaller, i.e. whose sum_xt² / sum_xx is larger.
+        per_char_only = max(self.sum_ct / self.sum_cc, 0.0)
+        if self.sum_ct * per_char_only >= self.sum_rt * per_record_only:
+            return 0.0, per_char_only
+        return per_record_only, 0.0

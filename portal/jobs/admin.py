@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -10,6 +12,7 @@ from django.utils.html import format_html
 
 from portal.audit.admin import admin_actor
 from portal.jobs.models import Job, JobUsage, Shard
+from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
@@ -62,7 +65,7 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     readonly_fields = [field.name for field in Job._meta.fields]
     inlines = [ShardInline]
-    actions = ["cancel_jobs", "retry_jobs", "rerun_jobs"]
+    actions = ["cancel_jobs", "pause_jobs", "resume_jobs", "retry_jobs", "rerun_jobs"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Jobs come from submissions (CLI, API, portal), which check the input and the quota.
@@ -77,6 +80,25 @@ class JobAdmin(admin.ModelAdmin):
                 self.message_user(request, f"not cancelled: {exc}", messages.WARNING)
             else:
                 self.message_user(request, f"job {job.id}: {cancelled.status}", messages.SUCCESS)
+
+    @admin.action(description="Pause selected jobs", permissions=["change"])
+    def pause_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._pause_or_resume(request, queryset, job_pause, "not paused")
+
+    @admin.action(description="Resume selected jobs", permissions=["change"])
+    def resume_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._pause_or_resume(request, queryset, job_resume, "not resumed")
+
+    def _pause_or_resume(
+        self, request: HttpRequest, queryset: QuerySet[Job], change: Callable[..., Job], refused: str
+    ) -> None:
+        for job in queryset:
+            try:
+                changed = change(job=job, actor=admin_actor(request))
+            except CannotPause as exc:
+                self.message_user(request, f"{refused}: {exc}", messages.WARNING)
+            else:
+                self.message_user(request, f"job {job.id}: {changed.status}", messages.SUCCESS)
 
     @admin.action(description="Retry failed shards of selected jobs", permissions=["change"])
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

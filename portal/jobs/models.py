@@ -16,6 +16,7 @@ class JobStatus(models.TextChoices):
     QUEUED = "queued"
     PLANNING = "planning"
     RUNNING = "running"
+    PAUSED = "paused"
     MERGING = "merging"
     CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
@@ -40,7 +41,9 @@ class Job(models.Model):
         JobStatus.PLANNING: frozenset(
             {JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
         ),
-        JobStatus.RUNNING: frozenset({JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLING}),
+        JobStatus.RUNNING: frozenset({JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLING, JobStatus.PAUSED}),
+        # Paused: no new shard starts. Resume runs it again; a deadline that passes ends it (merging).
+        JobStatus.PAUSED: frozenset({JobStatus.RUNNING, JobStatus.MERGING, JobStatus.FAILED, JobStatus.CANCELLING}),
         JobStatus.MERGING: frozenset(
             {JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED}
         ),
@@ -77,7 +80,9 @@ class Job(models.Model):
     priority = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="0-9, at most the tenant's; empty: the tenant's priority."
     )
-    shard_size = models.PositiveIntegerField(help_text="Records per shard.")
+    shard_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Records per shard; empty: cut by cost to BATCHERY_TARGET_SHARD_SECONDS"
+    )
 
     total_records = models.PositiveBigIntegerField(null=True, blank=True)
     succeeded_records = models.PositiveBigIntegerField(default=0)
@@ -111,6 +116,11 @@ class Job(models.Model):
     def is_finished(self) -> bool:
         return self.status in FINAL_STATUSES
 
+    @property
+    def shard_cut(self) -> str:
+        """How the input is cut, for people: "500 records per shard" or "cut by cost"."""
+        return f"{self.shard_size:,} records per shard" if self.shard_size else "cut by cost"
+
 
 class ShardStatus(models.TextChoices):
     PENDING = "pending"
@@ -125,10 +135,15 @@ class Shard(models.Model):
     round = models.PositiveIntegerField(default=0, help_text="0 for the job's shards, n for its n-th retry.")
     first_record = models.PositiveBigIntegerField(help_text="0-based position of the shard's first record.")
     record_count = models.PositiveIntegerField()
+    input_chars = models.PositiveBigIntegerField(default=0, help_text="Characters of the records' input text.")
+    estimated_seconds = models.FloatField(null=True, blank=True, help_text="Compute seconds the planner expected.")
     input_uri = models.CharField(max_length=1000)
     prefix_uri = models.CharField(max_length=1000, help_text="Where attempts and the commit marker go.")
     status = models.CharField(max_length=20, choices=ShardStatus.choices, default=ShardStatus.PENDING)
     task_id = models.CharField(max_length=100, blank=True)
+    speculative_task_id = models.CharField(
+        max_length=100, blank=True, help_text="The one speculative copy sent while the shard straggled, if any."
+    )
     dispatched_at = models.DateTimeField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0, help_text="Times the shard was dispatched.")
     attempt_id = models.CharField(max_length=64, blank=True, help_text="The committed attempt.")

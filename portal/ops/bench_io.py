@@ -2,7 +2,8 @@
 
 For each input size the benchmark writes (or reuses) an input under `VAR_DIR/bench`, creates a queued
 job for it, plans it with `job_plan` in a child process, gives every shard a committed attempt (output
-lines a worker could have written, committed where `run_shard` commits them), and merges with
+lines a worker could have written, committed where `run_shard` commits them, and settled as each
+shard's callback settles it), and merges with
 `job_merge` in another child process. Each child times its step and reports its own peak RSS, so a
 planner or merger whose memory grows with the input shows up as a ratio above 1 between sizes.
 
@@ -12,8 +13,8 @@ Choices, and why:
   `job_submit` itself: that would enqueue `plan_job` on the broker, and a worker could plan the job
   under the benchmark's feet. Both sizes are therefore checked line by line by the planner, as any
   input over `BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES` is; quota reservation is skipped.
-- Planning ends, as in production, by dispatching the job's chord on commit. The planner child sends
-  it to an in-memory broker so no worker runs the shards; dispatch stays inside the measured time.
+- Planning ends, as in production, by scheduling the job's first shards on commit. The planner child
+  sends them to an in-memory broker so no worker runs them; scheduling stays inside the measured time.
 - The merger child has an in-memory broker whose publications are counted and Celery's result backend
   disabled: a merge of committed shards must do neither, and the benchmark fails if it tries.
 - Fabricating shard outputs is not measured; it reuses the real spec, attempt marker and manifest.
@@ -50,6 +51,7 @@ from portal.jobs.models import Job, JobEvent, JobStatus, Shard
 from portal.jobs.services.dispatch import shard_spec
 from portal.jobs.services.merge import job_merge
 from portal.jobs.services.plan import job_plan
+from portal.jobs.services.settle import shard_record_success
 from portal.jobs.services.storage_layout import errors_uri, job_prefix, output_uri
 from portal.jobs.services.submit import normalize_input_uri
 from portal.ops.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
@@ -321,7 +323,7 @@ def bench_one(size_mb: int, *, shard_size: int, child_env: dict[str, str], say: 
         say(f"{size_mb} MB: committing {job.shard_count} shard outputs (not measured) ...")
         embeddings = _embeddings(seed=size_mb)
         for shard in job.shards.order_by("index").iterator():
-            commit_shard(job, shard, embeddings)
+            shard_record_success(shard, commit_shard(job, shard, embeddings))
         say(f"{size_mb} MB: merging ...")
         merge = run_step("merge", job_id, child_env=child_env)
         job.refresh_from_db()

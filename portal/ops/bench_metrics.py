@@ -76,7 +76,7 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
     return StackRun(
         records_per_s=job.succeeded_records / elapsed,
         shard_seconds=sum(durations) / max(1, len(durations)),
-        shard_records=job.shard_size,
+        shard_records=round((job.total_records or 0) / max(1, job.shard_count)),
     )
 
 

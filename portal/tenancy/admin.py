@@ -30,10 +30,10 @@ class QuotaInline(admin.StackedInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["name", "priority", "storage_prefixes", "created_at"]
+    list_display = ["name", "priority", "weight", "storage_prefixes", "created_at"]
     list_filter = ["priority"]
     search_fields = ["name"]
-    fields = ["name", "priority", "storage_prefixes"]
+    fields = ["name", "priority", "weight", "storage_prefixes"]
     inlines = [QuotaInline, MembershipInline]
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: ModelForm, change: bool) -> None:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
 class Tenant(models.Model):
     name = models.CharField(max_length=100, unique=True)
     priority = models.PositiveSmallIntegerField(
-        default=5, help_text="0 (lowest) to 9 (highest); becomes the Celery priority of the tenant's shards."
+        default=5,
+        validators=[MaxValueValidator(9)],
+        help_text="0 (lowest) to 9 (highest); becomes the Celery priority of the tenant's shards.",
+    )
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(1000.0)],
+        help_text="Fair-share weight: on each GPU class, tenants with work waiting get GPU time in proportion "
+        "to their weights.",
     )
     storage_prefixes = models.JSONField(
         default=list,
@@ -86,3 +95,23 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.tenant})"
+
+
+class FairShareUsage(models.Model):
+    """A tenant's recent GPU-seconds on one GPU class, decayed exponentially: the fair-share ledger.
+
+    `usage` is the value at `updated_at`; read it through `portal.scheduling.fair_share.decayed`.
+    The scheduler charges each shard's estimate when it sends it and corrects by the measured time
+    when the shard ends, so shards in flight count at once.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="fair_share_usage")
+    gpu_class = models.ForeignKey("catalog.GpuClass", on_delete=models.CASCADE, related_name="fair_share_usage")
+    usage = models.FloatField(default=0.0, help_text="Decayed GPU-seconds at updated_at.")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "gpu_class"], name="unique_usage_per_tenant_class")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} on {self.gpu_class_id}: {self.usage:.1f} GPU-s"

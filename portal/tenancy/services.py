@@ -1,11 +1,12 @@
-"""Writes to tenants and memberships; membership changes are audited as `membership.changed`."""
+"""Writes to tenants and memberships; membership changes are audited as `membership.changed`, an
+operator's change to a tenant's share of the fleet as `tenant.changed`."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from portal.audit.services import audit_record
+from portal.audit.services import audit_change, audit_record, field_values, stored_field_values
 from portal.tenancy.models import Membership, Quota, Tenant
 
 
@@ -21,6 +22,24 @@ def tenant_create(*, name: str, priority: int = 5) -> Tenant:
 def tenant_get_or_create(*, name: str) -> Tenant:
     tenant = Tenant.objects.filter(name=name).first()
     return tenant if tenant is not None else tenant_create(name=name)
+
+
+def tenant_set_share(
+    *, tenant: Tenant, actor: User | None, weight: float | None = None, priority: int | None = None
+) -> Tenant:
+    """Set a tenant's fair-share weight and/or priority (operators only; the caller checks). The
+    scheduler reads them on its next decision; shards already sent keep their place."""
+    before = stored_field_values(tenant)
+    if weight is not None:
+        tenant.weight = weight
+    if priority is not None:
+        tenant.priority = priority
+    tenant.full_clean(validate_unique=False, validate_constraints=False)
+    tenant.save(update_fields=["weight", "priority"])
+    audit_change(
+        actor=actor, action="tenant.changed", target=tenant, before=before, after=field_values(tenant), tenant=tenant
+    )
+    return tenant
 
 
 class MembershipRefused(Exception):

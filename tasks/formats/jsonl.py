@@ -19,7 +19,7 @@ from typing import IO, BinaryIO
 import orjson
 
 from tasks.formats.id_hashes import IdHashes
-from tasks.formats.records import LineProblem, Record
+from tasks.formats.records import LineProblem, Record, input_problem
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -69,6 +69,8 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
         if input_field not in body:
             return LineProblem(line_no, f"missing field {input_field!r}, at the top level and in 'body'")
         data = {input_field: body[input_field]}
+    if (problem := input_problem(input_field, data[input_field])) is not None:
+        return LineProblem(line_no, problem)
     data["custom_id"] = custom_id
     return Record(line=line_no, custom_id=custom_id, data=data)
 

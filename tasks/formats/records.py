@@ -22,6 +22,40 @@ def input_field_for(task: str) -> str:
         raise ValueError(f"unknown model task {task!r}; known: {', '.join(sorted(TASK_INPUT_FIELDS))}") from None
 
 
+def input_problem(input_field: str, value: Any) -> str | None:
+    """What is wrong with a record's input value for the task that reads `input_field`; None if nothing.
+
+    The shape every engine of the task needs: text for `input` and `prompt`, a non-empty list of
+    message objects for `messages`. Checked with the rest of the record, at submission or planning,
+    so that a wrong type refuses the input up front instead of failing its record at run time.
+    """
+    if input_field == TASK_INPUT_FIELDS["chat"]:
+        if not isinstance(value, list) or not value:
+            return f"{input_field} must be a non-empty array of message objects, not {_json_kind(value)}"
+        for number, message in enumerate(value, 1):
+            if not isinstance(message, dict):
+                return f"{input_field} must hold message objects; message {number} is {_json_kind(message)}"
+        return None
+    if not isinstance(value, str):
+        return f"{input_field} must be a string, not {_json_kind(value)}"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    """A parsed JSON value's type as JSON names it, for messages to the person who wrote it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an empty array" if not value else "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
 @dataclass(frozen=True)
 class LineProblem:
     """One bad input line."""

@@ -70,13 +70,14 @@ def wait_consuming(stack: ChaosStack, timeout_s: float = 60) -> None:
 def chaos_model(transactional_db: None) -> Any:
     """Make a catalog entry for one of the chaos engines in `tests.support.chaos_engines`."""
 
-    def make(factory: str, **params: Any) -> Model:
+    def make(factory: str, load_params: dict[str, Any] | None = None, **params: Any) -> Model:
         return ModelFactory(
             name=f"chaos-{factory}",
             engine=Model.Engine.PYTHON,
             task=Model.Task.CLASSIFY,
             source=f"tests.support.chaos_engines:{factory}_factory",
             default_params={"time_limit_base_s": 8, "time_limit_per_record_s": 0.05, **params},
+            load_params=load_params or {},
             is_default=False,
         )
 

@@ -127,8 +127,28 @@ def test_a_shard_that_hangs_is_killed_at_its_hard_limit_and_the_job_completes(
         chaos_stack, tmp_path, scenario="hang in a blocking call", model="chaos-hang",
         texts=_texts(12, {7: "HANG"}), shard_size=4, report=chaos_report,
     )  # fmt: skip
-    assert job.status == "partially_succeeded"
+    assert job.status == "partially_succeeded", job.error
     assert result.error_codes == {"poison_record": 1}
+
+
+def test_a_soft_time_limit_inside_a_slow_import_replaces_the_process_and_the_shard_runs_again(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    # The limit strikes while the model's module is half-imported; that process could never import
+    # it again (as with a half-imported torch), so a fresh process must take the shard.
+    marker = tmp_path / "first-import"
+    chaos_model(
+        "fragile_import", load_params={"first_import_marker": str(marker)}, time_limit_base_s=3,
+        time_limit_per_record_s=0,
+    )  # fmt: skip
+    pids_before = {child.pid for child in chaos_stack.pool_children("cpu0")}
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="soft time limit inside a slow import", model="chaos-fragile_import",
+        texts=_texts(8), shard_size=4, report=chaos_report,
+    )  # fmt: skip
+    assert marker.exists(), "the first import was the slow one"
+    assert job.status == "succeeded", job.error
+    assert not pids_before & {child.pid for child in chaos_stack.pool_children("cpu0")}, "a fresh process took over"
 
 
 def test_a_shard_message_delivered_twice_is_merged_once(
@@ -407,6 +427,42 @@ def test_a_model_that_will_not_load_fails_the_slot_start_not_the_shards(
     assert all(shard.cache_hit for shard in job.shards.all()), "the healthy slot had the model loaded before work"
     assert all(shard.load_seconds == 0 for shard in job.shards.all())
     assert healthy.process.poll() is None
+
+
+def test_a_slot_preloading_a_model_slower_than_celerys_process_start_timeout_starts_and_serves(
+    chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
+) -> None:
+    from portal.catalog.services import catalog_publish
+    from tests.chaos.conftest import wait_consuming
+
+    # Celery kills a pool process not up within 4 s of its start by default (the first processes
+    # excepted); real weights take longer, and a process that replaces a lost one loads them again.
+    chaos_model("slow_load", load_params={"load_seconds": 6})
+    catalog_publish()
+    chaos_stack.workers.pop("cpu0").stop()
+    # Worker logs are appended to; read only this run's part.
+    log_path = chaos_stack.log_dir / "cpu-slow-preload.log"
+    log_start = log_path.stat().st_size if log_path.exists() else 0
+
+    def log() -> str:
+        return log_path.read_bytes()[log_start:].decode(errors="replace")
+
+    chaos_stack.start_shard_worker("cpu-slow-preload", preload="chaos-slow_load")
+
+    wait_consuming(chaos_stack)
+    wait_for(
+        lambda: "preloaded model chaos-slow_load" in log(), timeout_s=60, what="the first process to preload",
+        stack=chaos_stack,
+    )  # fmt: skip
+    for child in chaos_stack.pool_children("cpu-slow-preload"):
+        os.kill(child.pid, signal.SIGKILL)
+    job, _ = _run(
+        chaos_stack, tmp_path, scenario="preload slower than Celery's process start", model="chaos-slow_load",
+        texts=_texts(8), shard_size=4, report=chaos_report,
+    )  # fmt: skip
+    assert job.status == "succeeded", job.error
+    assert all(shard.cache_hit for shard in job.shards.all()), "the preloaded process ran every shard"
+    assert "Timed out waiting for UP message" not in log()
 
 
 def test_sigterm_gives_the_running_shard_its_soft_shutdown_time_then_the_shard_runs_elsewhere(

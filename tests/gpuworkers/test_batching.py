@@ -204,6 +204,27 @@ def test_interrupts_propagate(exc: BaseException) -> None:
         list(run_records(RaisingEngine(exc), items_of("a", "b"), params={}, micro_batch_size=2))
 
 
+class Interrupted(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded, an Exception that must not become a record's error."""
+
+
+def _wrapped_interrupt() -> Exception:
+    try:
+        raise Interrupted()
+    except Interrupted as interrupt:
+        wrapped = RuntimeError("the engine failed")
+        wrapped.__cause__ = interrupt
+        return wrapped
+
+
+@pytest.mark.parametrize("exc", [Interrupted(), _wrapped_interrupt()], ids=["bare", "wrapped by the engine"])
+def test_exceptions_of_the_propagate_kinds_pass_through_even_wrapped(exc: Exception) -> None:
+    with pytest.raises(type(exc)):
+        list(
+            run_records(RaisingEngine(exc), items_of("a", "b"), params={}, micro_batch_size=2, propagate=(Interrupted,))
+        )
+
+
 def test_no_items_yield_nothing_and_report_no_progress() -> None:
     progress: list[tuple[int, int]] = []
 

@@ -68,12 +68,11 @@ def test_the_model_is_loaded_once_per_worker_process_across_shards_and_jobs(
     # The session's worker may have loaded the model for an earlier test; from here on it never loads.
     assert all(shard.cache_hit for shard in shards[1:])
     assert all(shard.load_seconds == 0 for shard in shards if shard.cache_hit)
-    from portal.jobs.services.dispatch import shard_spec
-    from tasks.shard_execution import read_committed_manifest
+    from tasks.specs import read_commit
 
     # The process's count of loads of this model is the same for every shard: none loaded it again.
     # (Earlier tests on the session's worker may have loaded it before, and evicted it since.)
-    loads = {read_committed_manifest(shard_spec(shard.job, shard)).model_loads for shard in shards}
+    loads = {read_commit(shard.prefix_uri).model_loads for shard in shards}
     assert len(loads) == 1
 
 
@@ -81,7 +80,8 @@ def test_a_record_that_makes_the_engine_raise_becomes_an_error_line_and_its_neig
     pipeline_workers: dict[str, Any], acme: Any, minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     records: list[dict[str, Any]] = [{"custom_id": f"r{n}", "input": f"sentence number {n}"} for n in range(120)]
-    records[37]["input"] = 12345
+    # An empty text passes the upfront check (a string) but makes the engine raise.
+    records[37]["input"] = ""
     records[90]["input"] = ""
     path = write_jsonl(records)
 

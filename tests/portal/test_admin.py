@@ -103,7 +103,7 @@ def test_cancel_cancels_a_queued_job_and_reports_one_that_cannot_be_cancelled(
     assert queued.status == JobStatus.CANCELLED
     assert f"job {queued.pk}: cancelled" in messages
     assert (
-        f"not cancelled: job {done.pk} is succeeded; only a queued, planning or running job can be cancelled"
+        f"not cancelled: job {done.pk} is succeeded; only a queued, planning, running or paused job can be cancelled"
         in messages
     )
     (entry,) = AuditEntry.objects.filter(action="job.cancelled")

@@ -68,12 +68,38 @@ class ChaosStack:
         return worker
 
     def start_shard_worker(
-        self, name: str = "cpu0", *, preload: str = "", extra_env: dict[str, str] | None = None
+        self,
+        name: str = "cpu0",
+        *,
+        preload: str = "",
+        extra_env: dict[str, str] | None = None,
+        queue: str = "gpu.cpu",
     ) -> WorkerProcess:
         env = {**self.env, "CUDA_VISIBLE_DEVICES": "", "BATCHERY_PRELOAD": preload, **(extra_env or {})}
-        worker = start_worker(name, "gpu.cpu", env=env, log_dir=self.log_dir)
+        worker = start_worker(name, queue, env=env, log_dir=self.log_dir)
         self.workers[name] = worker
         return worker
+
+    def start_slots(
+        self, count: int, *, first: int = 0, extra_env: dict[str, str] | None = None, queue: str = "gpu.cpu"
+    ) -> list[WorkerProcess]:
+        """`count` shard workers that announce themselves as slots of the `cpu` class (heartbeats, as
+        the launcher's slots do), so that the scheduler sizes the queue's window from them. A slot
+        started on another `queue` stands by until told to consume `gpu.cpu` (`app.control.add_consumer`)."""
+        return [
+            self.start_shard_worker(
+                f"slot{n}",
+                queue=queue,
+                extra_env={
+                    "BATCHERY_SLOT": str(n),
+                    "BATCHERY_GPU_CLASS": "cpu",
+                    "BATCHERY_QUEUE": "gpu.cpu",
+                    "BATCHERY_WORKER_NAME": f"slot{n}@test",
+                    **(extra_env or {}),
+                },
+            )
+            for n in range(first, first + count)
+        ]
 
     def pool_children(self, name: str) -> list[psutil.Process]:
         return psutil.Process(self.workers[name].process.pid).children()
@@ -91,10 +117,19 @@ class ChaosStack:
             raise AssertionError(f"manage.py {' '.join(args)} failed:\n{finished.stdout}\n{finished.stderr}")
         return finished.stdout
 
-    def submit(self, *, model: str, input_path: Path, shard_size: int, extra: tuple[str, ...] = ()) -> str:
+    def submit(
+        self,
+        *,
+        model: str,
+        input_path: Path,
+        shard_size: int | None,
+        tenant: str = "chaos",
+        extra: tuple[str, ...] = (),
+    ) -> str:
+        """Submit through the CLI; no `shard_size` cuts by cost."""
+        sizing = ("--shard-size", str(shard_size)) if shard_size is not None else ()
         out = self.manage(
-            "submit", "--model", model, "--input", str(input_path), "--tenant", "chaos",
-            "--shard-size", str(shard_size), *extra,
+            "submit", "--model", model, "--input", str(input_path), "--tenant", tenant, *sizing, *extra,
         )  # fmt: skip
         match = re.search(r"job ([0-9a-f-]{36}) queued", out)
         assert match, out

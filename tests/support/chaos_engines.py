@@ -6,7 +6,8 @@ a marker in a record's text or a param, so a test decides exactly which records 
 torch, apart from `oom_factory`, which raises torch's own out-of-memory error where torch is installed.
 
 Run-time params every model reads: ``sleep_per_record`` (seconds, default 0) slows each record
-down, for deadline and cancel tests.
+down, for deadline and cancel tests, and ``sleep_per_char`` each character of it; a worker whose
+environment sets CHAOS_SLOWDOWN (a factor) sleeps that many times longer, as a slow GPU would.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ class EchoModel:
         texts = [_require_text(value) for value in inputs]
         self.batches.append(texts)
         self.check(texts, params)
-        sleep_per_record = float(params.get("sleep_per_record", 0))
+        slowdown = float(os.environ.get("CHAOS_SLOWDOWN", "1"))
+        sleep_per_record = float(params.get("sleep_per_record", 0)) * slowdown
+        sleep_per_char = float(params.get("sleep_per_char", 0)) * slowdown
         responses = []
         for text in texts:
             self.check_record(text)
-            if sleep_per_record > 0:
-                time.sleep(sleep_per_record)
+            if sleep_per_record > 0 or sleep_per_char > 0:
+                time.sleep(sleep_per_record + sleep_per_char * len(text))
             responses.append({"echo": text, "length": len(text)})
         return responses
 
@@ -147,6 +150,26 @@ def out_of_memory_error(message: str) -> Exception:
         return MemoryError(message)
     error: Exception = torch.OutOfMemoryError(message)
     return error
+
+
+FRAGILE_REGISTRY: set[str] = set()
+"""What `tests.support.fragile_import` registers when imported, as torch registers its operators."""
+
+
+def fragile_import_factory(*, spec: Any, device: str) -> EchoModel:
+    """Imports `tests.support.fragile_import`, which cannot be imported twice in a process, slowly
+    the first time in a test: the ``first_import_marker`` load param names a file made then."""
+    import importlib
+
+    os.environ["CHAOS_FIRST_IMPORT_MARKER"] = spec.load_params["first_import_marker"]
+    importlib.import_module("tests.support.fragile_import")
+    return EchoModel(device=device)
+
+
+def slow_load_factory(*, spec: Any, device: str) -> EchoModel:
+    """An echo model that takes ``load_seconds`` (a load param) to load, as real weights do."""
+    time.sleep(float(spec.load_params.get("load_seconds", 0)))
+    return EchoModel(device=device)
 
 
 def _require_text(value: Any) -> str:

@@ -77,3 +77,36 @@ def test_many_records_with_unique_ids_need_no_second_pass() -> None:
     assert check.ok
     assert check.records == 5000
     assert len(opened) == 1
+
+
+@pytest.mark.parametrize(
+    ("input_field", "value", "expected"),
+    [
+        ("input", {"x": 1}, "input must be a string, not an object"),
+        ("input", ["a", "b"], "input must be a string, not an array"),
+        ("input", 7, "input must be a string, not a number"),
+        ("input", None, "input must be a string, not null"),
+        ("prompt", True, "prompt must be a string, not a boolean"),
+        ("messages", "hello", "messages must be a non-empty array of message objects, not a string"),
+        ("messages", [], "messages must be a non-empty array of message objects, not an empty array"),
+        (
+            "messages",
+            [{"role": "user", "content": "hi"}, "bye"],
+            "messages must hold message objects; message 2 is a string",
+        ),
+    ],
+)
+def test_an_input_of_the_wrong_type_for_its_task_is_named_with_its_line(
+    input_field: str, value: object, expected: str
+) -> None:
+    good = {"custom_id": "ok", input_field: "fine" if input_field != "messages" else [{"role": "user", "content": "x"}]}
+    lines = [json.dumps(good), json.dumps({"custom_id": "bad", input_field: value})]
+    check = check_jsonl(lambda: _stream(lines), input_field=input_field)
+    assert [str(problem) for problem in check.problems] == [f"line 2: {expected}"]
+    assert check.records == 1
+
+
+def test_an_openai_request_body_with_the_wrong_input_type_is_named_too() -> None:
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": {"x": 1}}}
+    check = check_jsonl(lambda: _stream([json.dumps(line)]), input_field="input")
+    assert [str(problem) for problem in check.problems] == ["line 1: input must be a string, not an object"]

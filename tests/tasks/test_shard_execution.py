@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from gpuworkers.spec import ModelSpec
-from tasks.shard_execution import execute_shard, read_committed_manifest
-from tasks.specs import ShardSpec
+from tasks.shard_execution import execute_shard
+from tasks.specs import ShardSpec, read_commit
 
 MINILM = ModelSpec(
     name="all-MiniLM-L6-v2",
@@ -45,7 +45,7 @@ def test_an_attempt_writes_under_its_own_key_and_commits_its_manifest(spec: Shar
 
     assert (manifest.records, manifest.succeeded, manifest.failed) == (5, 4, 1)
     assert manifest.attempt_id in manifest.output_uri
-    assert read_committed_manifest(spec) == manifest
+    assert read_commit(spec.shard_prefix) == manifest
     lines = [orjson.loads(line) for line in Path(manifest.output_uri.removeprefix("file://")).read_bytes().splitlines()]
     assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4"]
     assert lines[2]["error"]["message"] == "ValueError: the input must be a string, not list"
@@ -60,3 +60,51 @@ def test_a_redelivered_shard_returns_the_committed_manifest_and_writes_nothing(s
 
     assert second == first
     assert sorted((tmp_path / "shards" / "00000" / "attempts").iterdir()) == attempts
+
+
+def test_an_attempt_beaten_by_another_stops_at_its_next_micro_batch_and_returns_the_winner(tmp_path: Path) -> None:
+    """A straggler and its speculative copy: the first commit wins; the other stops and leaves nothing."""
+    import threading
+    import time
+
+    shard_input = tmp_path / "input.jsonl"
+    shard_input.write_text("".join(json.dumps({"custom_id": f"r{n}", "input": f"text {n}"}) + "\n" for n in range(40)))
+    slow = ShardSpec(
+        job_id="job-2",
+        shard_index=0,
+        record_count=40,
+        input_uri=shard_input.as_uri(),
+        shard_prefix=(tmp_path / "shard").as_uri(),
+        model=ModelSpec(
+            name="echo",
+            version="1",
+            engine="python",
+            task="classify",
+            source="tests.support.chaos_engines:echo_factory",
+        ),
+        input_field="input",
+        params={"micro_batch_size": 2, "sleep_per_record": 0.05},
+    )
+    fast = ShardSpec(**{**slow.__dict__, "params": {"micro_batch_size": 40}})
+    winner: list[object] = []
+    racer = threading.Timer(0.3, lambda: winner.append(execute_shard(fast, worker="copy")))
+    racer.start()
+    started = time.monotonic()
+    loser = execute_shard(slow, worker="straggler")
+    racer.join()
+
+    assert time.monotonic() - started < 1.0, "the straggler stopped well before its 2 s of records"
+    assert loser == winner[0] == read_commit(slow.shard_prefix)
+    attempts = list((tmp_path / "shard" / "attempts").iterdir())
+    assert all(loser.attempt_id in path.name for path in attempts), "the loser's output was removed"
+
+
+def test_a_shard_of_a_paused_job_does_not_start_even_without_redis_flag(spec: ShardSpec, tmp_path: Path) -> None:
+    from tasks.specs import ShardSkipped
+
+    marker = tmp_path / "paused"
+    marker.write_bytes(b"paused")
+    held = ShardSpec(**{**spec.__dict__, "hold_uri": marker.as_uri()})
+
+    assert execute_shard(held, worker="w1") == ShardSkipped(job_id="job-1", shard_index=0, skipped="paused")
+    assert not (tmp_path / "shards" / "00000" / "started").exists(), "no attempt started"

@@ -331,3 +331,32 @@ def test_models_and_usage_pages_show_the_tenants_own(person: Callable[..., User]
     assert "all-MiniLM-L6-v2" in models and "embed" in models
     usage = client.get("/usage/")
     assert usage.status_code == 200 and b"Concurrent jobs" in usage.content
+
+
+def test_check_first_shows_the_dry_run_on_the_page_and_creates_nothing(
+    person: Callable[..., User], acme: Tenant, minilm: Any, write_jsonl: Callable[..., Path]
+) -> None:
+    client = _client(person("alice", acme))
+    long = " ".join(["hello"] * 300)  # over MiniLM's 256 tokens
+    records = [*GOOD[:2], {"custom_id": "long", "input": long}, *GOOD[2:]]
+    response = _post_file(client, write_jsonl(records), model=str(minilm.pk), shard_size="2", action="check")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "This job would be accepted" in html
+    assert "choose the file again to submit it" in html
+    report = response.context["report"]
+    assert (report.records, report.shards.count, report.over_length.lines) == (6, 3, (3,))
+    assert '<tr id="dry-run-over-length"><th scope="row">Too long</th><td class="num">1</td>' in html
+    assert "over the model's 256 tokens: line 3<" in html
+    assert "2 records · 0.1 s; 2 records · 0.1 s; 2 records · 0.1 s" in html
+    assert Job.objects.count() == 0
+    assert _uploads(acme) == [], "a checked upload is not kept"
+
+    Quota.objects.filter(tenant=acme).update(max_concurrent_jobs=0)
+    refused = _post_file(client, write_jsonl(BAD), model=str(minilm.pk), action="check")
+    html = refused.content.decode()
+    assert "This job would be refused" in html
+    assert '<span class="line-no">line 2</span>not valid JSON' in html
+    assert "Quota max_concurrent_jobs exceeded: limit 0, in use 0, this job needs 1" in html
+    assert Job.objects.count() == 0
+    assert _uploads(acme) == []

@@ -11,7 +11,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -19,12 +19,15 @@ from portal.api.access import request_access, request_user
 from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
 from portal.api.errors import conflict, submission_refused
 from portal.api.filters import JobFilter
+from portal.api.parsers import JSONParser
 from portal.api.scoping import TenantScopedMixin
-from portal.api.serializers import JobCreateSerializer, JobSerializer
+from portal.api.serializers import DryRunReportSerializer, JobCreateSerializer, JobSerializer
 from portal.api.uploads import refuse_oversized_request, store_upload
 from portal.jobs.models import Job
 from portal.jobs.selectors import job_output_file
+from portal.jobs.services.dry_run import job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
+from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import SubmissionError, job_submit
@@ -57,12 +60,15 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         request={"multipart/form-data": JobCreateSerializer, "application/json": JobCreateSerializer},
         responses={
             201: JobSerializer,
+            200: OpenApiResponse(DryRunReportSerializer, description="With `dry_run`: what the job would do."),
             **ERROR_RESPONSES,
             413: OpenApiResponse(description="The upload is over the size limit."),
             429: OpenApiResponse(description="A quota refuses the job; `error.quota` names it, its limit and use."),
         },
     )
     def create(self, request: Request) -> Response:
+        """Submit a job; with `dry_run`, report what it would do instead (bad lines and quota refusals
+        included, in the report) and create nothing."""
         refuse_oversized_request(request)
         form = JobCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -70,23 +76,33 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         access = request_access(request)
         input_field = "file" if "file" in data else "input_uri"
         input_uri = store_upload(access.tenant, data["file"]) if "file" in data else data["input_uri"]
+        submission: dict[str, Any] = {
+            "tenant": access.tenant,
+            "model_name": data["model"],
+            "model_version": data.get("model_version"),
+            "input_uri": input_uri,
+            "params": data.get("params"),
+            "shard_size": data.get("shard_size"),
+            "deadline_seconds": data.get("deadline_seconds"),
+            "input_format": data["input_format"],
+            "text_column": data.get("text_column", ""),
+            "id_column": data.get("id_column", ""),
+            "output_format": data["output_format"],
+            "priority": data.get("priority"),
+            "input_roots": tenant_input_roots(access.tenant),
+        }
+        if data["dry_run"]:
+            try:
+                report = job_dry_run(**submission)
+            except SubmissionError as exc:
+                raise submission_refused(exc, field=input_field if exc.field == "input" else None) from None
+            finally:
+                # A dry run keeps nothing: its upload goes whatever the outcome.
+                if "file" in data:
+                    store_for(input_uri).delete_prefix(input_uri)
+            return Response(DryRunReportSerializer(report).data)
         try:
-            job = job_submit(
-                tenant=access.tenant,
-                user=request_user(request),
-                model_name=data["model"],
-                model_version=data.get("model_version"),
-                input_uri=input_uri,
-                params=data.get("params"),
-                shard_size=data.get("shard_size"),
-                deadline_seconds=data.get("deadline_seconds"),
-                input_format=data["input_format"],
-                text_column=data.get("text_column", ""),
-                id_column=data.get("id_column", ""),
-                output_format=data["output_format"],
-                priority=data.get("priority"),
-                input_roots=tenant_input_roots(access.tenant),
-            )
+            job = job_submit(user=request_user(request), **submission)
         except SubmissionError as exc:
             if "file" in data:
                 store_for(input_uri).delete_prefix(input_uri)
@@ -99,6 +115,25 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         try:
             job = job_cancel(job=self.get_object(), actor=request_user(request))
         except CannotStop as exc:
+            raise conflict(str(exc)) from None
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Not running.")})
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        """Start no new shard of the job; its running shards finish. Its deadline keeps running."""
+        try:
+            job = job_pause(job=self.get_object(), actor=request_user(request))
+        except CannotPause as exc:
+            raise conflict(str(exc)) from None
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Not paused.")})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        try:
+            job = job_resume(job=self.get_object(), actor=request_user(request))
+        except CannotPause as exc:
             raise conflict(str(exc)) from None
         return Response(JobSerializer(job, context={"request": request}).data)
 

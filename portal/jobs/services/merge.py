@@ -1,10 +1,10 @@
-"""Merge: record each shard's committed manifest, stitch outputs in input order, end the job.
+"""Merge: stitch the committed shard outputs in input order and end the job.
 
-The merge trusts storage, not the chord's arguments: each shard's commit marker names the one
-attempt whose output counts, and the merge publishes only once every shard has committed or failed
-for good, so a chord that fires early or twice cannot corrupt the output. A shard whose task failed
-for good has no marker; its records become error lines naming the reason. A shard whose task died
-of something a new attempt may survive (a time limit, a lost worker) is dispatched again.
+The merge trusts storage, not messages: each shard's commit marker names the one attempt whose
+output counts, and the merge publishes only once every shard is settled, committed or failed for
+good (`portal.jobs.services.settle`; sending shards again is the scheduler's), so a merge sent
+early or twice cannot corrupt the output. A shard that failed for good has no marker; its records
+become error lines naming the reason.
 
 When a job is stopped (cancelled, expired) the merge does not wait: committed shards are kept and
 every other record becomes an error line with the stop reason as its code.
@@ -12,33 +12,26 @@ every other record becomes an error line with the stop reason as its code.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import shutil
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import orjson
-from celery import states
-from celery.result import AsyncResult
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.settle import UNSETTLED, read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
-from tasks.app import app
-from tasks.config import SHARD_MAX_DISPATCHES
 from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 from tasks.leases import Lease, LeaseHeld, job_lease_key
-from tasks.shard_execution import read_committed_manifest
 from tasks.specs import ShardManifest
 from tasks.storage import store_for
 
 logger = logging.getLogger(__name__)
 
 COPY_BUFFER_BYTES = 1024 * 1024
-# Failures a new attempt may not repeat: the task was killed or its process died.
-TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})
 STOP_ENDINGS = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
 
 
@@ -52,59 +45,11 @@ class ShardOutcome:
     """Error code given to the records of a shard without a committed attempt."""
 
 
-@dataclass(frozen=True)
-class TaskFailure:
-    reason: str
-    transient: bool
-
-
-def task_failure(shard: Shard) -> TaskFailure | None:
-    """How a shard's current task failed, or None if it has not failed (it may still be running)."""
-    if not shard.task_id:
-        return None
-    result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
-    if result.state != states.FAILURE:
-        return None
-    exc = result.result
-    name = type(exc).__name__ if isinstance(exc, BaseException) else "Error"
-    reason = f"{name}: {exc}" if isinstance(exc, BaseException) else str(exc)
-    return TaskFailure(reason=reason, transient=name in TRANSIENT_FAILURES)
-
-
-def read_manifest(job: Job, shard: Shard) -> ShardManifest | None:
-    from portal.jobs.services.dispatch import shard_spec
-
-    manifest = read_committed_manifest(shard_spec(job, shard))
-    if manifest is not None and manifest.records != shard.record_count:
-        raise ValueError(f"shard {shard.index} committed {manifest.records} records but holds {shard.record_count}")
-    return manifest
-
-
 def _record_outcome(outcome: ShardOutcome) -> None:
-    shard, manifest = outcome.shard, outcome.manifest
-    if manifest is None:
-        Shard.objects.filter(pk=shard.pk).update(
-            status=ShardStatus.FAILED, error=outcome.failure, error_codes={outcome.code: shard.record_count}
-        )
-        return
-    Shard.objects.filter(pk=shard.pk).update(
-        status=ShardStatus.SUCCEEDED,
-        attempt_id=manifest.attempt_id,
-        output_uri=manifest.output_uri,
-        errors_uri=manifest.errors_uri,
-        succeeded_records=manifest.succeeded,
-        failed_records=manifest.failed,
-        prompt_tokens=manifest.prompt_tokens,
-        completion_tokens=manifest.completion_tokens,
-        worker=manifest.worker,
-        worker_pid=manifest.pid,
-        cache_hit=manifest.cache_hit,
-        started_at=dt.datetime.fromtimestamp(manifest.started_at, tz=dt.UTC),
-        finished_at=dt.datetime.fromtimestamp(manifest.finished_at, tz=dt.UTC),
-        compute_seconds=manifest.compute_seconds,
-        load_seconds=manifest.load_seconds,
-        error_codes=manifest.error_codes,
-    )
+    if outcome.manifest is None:
+        shard_record_failure(outcome.shard, reason=outcome.failure, code=outcome.code)
+    else:
+        shard_record_success(outcome.shard, outcome.manifest)
 
 
 def _copy(uri: str, target: BinaryIO) -> None:
@@ -194,40 +139,27 @@ def _ending(succeeded: int, failed: int) -> str:
     return JobStatus.PARTIALLY_SUCCEEDED
 
 
-def _outcomes_when_finished(job: Job, shards: list[Shard]) -> list[ShardOutcome] | None:
-    """Every shard's outcome, or None (after sending again what may yet succeed) if some are unfinished."""
-    outcomes, resend, waiting = [], [], 0
+def _outcomes_when_settled(shards: list[Shard]) -> list[ShardOutcome] | None:
+    """Every shard's outcome, or None while some shard is not settled (the merge waits for the last)."""
+    if any(shard.status in UNSETTLED for shard in shards):
+        return None
+    outcomes = []
     for shard in shards:
-        manifest = read_manifest(job, shard)
-        if manifest is not None:
-            outcomes.append(ShardOutcome(shard=shard, manifest=manifest))
-            continue
         if shard.status == ShardStatus.FAILED:
             outcomes.append(ShardOutcome(shard=shard, manifest=None, failure=shard.error))
             continue
-        failure = task_failure(shard)
-        if failure is None:
-            waiting += 1
-        elif failure.transient and shard.attempt < SHARD_MAX_DISPATCHES:
-            resend.append(shard)
-        else:
-            reason = failure.reason if not failure.transient else f"{failure.reason} ({shard.attempt} dispatches)"
-            outcomes.append(ShardOutcome(shard=shard, manifest=None, failure=reason))
-    if resend:
-        from portal.jobs.services.dispatch import job_redispatch
-
-        job_redispatch(job_id=str(job.id), shards=resend, reason="its task was killed or its worker lost")
-    if resend or waiting:
-        logger.info("job %s: %d shards unfinished, %d sent again; merge waits", job.id, waiting, len(resend))
-        return None
+        manifest = read_manifest(shard)
+        if manifest is None:
+            raise ValueError(f"shard {shard.index} is marked succeeded but has no commit marker")
+        outcomes.append(ShardOutcome(shard=shard, manifest=manifest))
     return outcomes
 
 
-def _stopped_outcomes(job: Job, shards: list[Shard], reason: str) -> list[ShardOutcome]:
+def _stopped_outcomes(shards: list[Shard], reason: str) -> list[ShardOutcome]:
     outcomes = []
     message = f"the job was {reason} before this record ran"
     for shard in shards:
-        manifest = read_manifest(job, shard)
+        manifest = read_manifest(shard)
         outcomes.append(ShardOutcome(shard=shard, manifest=manifest, failure=message, code=reason))
     return outcomes
 
@@ -235,9 +167,13 @@ def _stopped_outcomes(job: Job, shards: list[Shard], reason: str) -> list[ShardO
 def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -> None:
     """Merge a running job once its shards are done, or at once a job stopped with `stop`."""
     job = Job.objects.select_related("model").get(pk=job_id)
-    expected = JobStatus.CANCELLING if stop == "cancelled" else JobStatus.RUNNING
     # A merge that died mid-way (its message redelivered, or sent again by the reconciler) resumes.
-    resumable = {expected, JobStatus.MERGING} if stop != "cancelled" else {expected}
+    if stop == "cancelled":
+        resumable = {JobStatus.CANCELLING}
+    elif stop == "expired":
+        resumable = {JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.MERGING}  # a deadline runs on while paused
+    else:
+        resumable = {JobStatus.RUNNING, JobStatus.MERGING}
     if job.status not in resumable:
         logger.info("job %s is %s; nothing to merge", job_id, job.status)
         return
@@ -254,7 +190,7 @@ def _merge(job: Job, *, stop: str | None) -> None:
     job_id = str(job.id)
     shards = list(job.shards.filter(round=job.retry_round).order_by("index"))
     try:
-        outcomes = _stopped_outcomes(job, shards, stop) if stop else _outcomes_when_finished(job, shards)
+        outcomes = _stopped_outcomes(shards, stop) if stop else _outcomes_when_settled(shards)
     except ValueError as exc:
         job_fail(job_id=job_id, reason=f"merge refused inconsistent shard output: {exc}")
         return
@@ -262,8 +198,8 @@ def _merge(job: Job, *, stop: str | None) -> None:
         return
     if (
         stop != "cancelled"
-        and job.status == JobStatus.RUNNING
-        and not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.MERGING)
+        and job.status in (JobStatus.RUNNING, JobStatus.PAUSED)
+        and not job_transition(job_id=job_id, source=job.status, target=JobStatus.MERGING)
     ):
         return
 

@@ -4,13 +4,14 @@ Redis holds messages, results and leases only; the database and storage hold the
 sweep, on the control queue:
 - expires jobs past their deadline (what finished is kept);
 - sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
-- sends shards again that are neither committed, nor held by a live attempt (lease), nor waiting
-  in the broker (their message was lost, e.g. Redis restarted empty);
-- merges running jobs whose shards have all finished but whose chord callback never came, and
-  resumes merges and cancellations whose worker died;
+- settles shards whose chord callback never came, and gives the scheduler back those that are
+  neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
+  was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue;
+- merges running jobs whose shards are all settled but whose merge never came, and resumes merges
+  and cancellations whose worker died;
 - publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them.
 Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
-harmless.
+harmless. Each job is swept on its own: one whose storage says something impossible fails alone.
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ from django.utils import timezone
 
 from portal.catalog.services import catalog_publish
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.dispatch import job_redispatch
-from portal.jobs.services.merge import read_manifest, task_failure
+from portal.jobs.services.dispatch import job_queue
+from portal.jobs.services.scheduler import SETTLING, schedule_all, shard_hold_back, shards_requeue
+from portal.jobs.services.settle import Settled, shard_settle
 from portal.jobs.services.stop import job_expire
+from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.sweeps import reconcile_sweep_record
 from tasks.broker_probe import BrokerView, pending_task_ids
-from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S, gpu_queue
+from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
 from tasks.env import env_int
 from tasks.leases import job_lease_key, lease_holder, shard_lease_key
+from tasks.stops import request_pause
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,9 @@ class ReconcileReport:
     expired: int = 0
     planned: int = 0
     resent_shards: int = 0
+    scheduled_shards: int = 0
     merged: int = 0
+    failed_jobs: int = 0
     finalized: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -98,29 +104,45 @@ def _lost(shard: Shard, pending: BrokerView | None, now: dt.datetime) -> bool:
     return shard.task_id not in pending.queued and age > STALE_AFTER_S / 4
 
 
-def _sweep_running(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
+def _sweep_job(job: Job, now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
     from tasks.merge import merge_job
 
-    for job in Job.objects.select_related("model").filter(status=JobStatus.RUNNING):
-        shards = list(job.shards.exclude(status__in=[ShardStatus.SUCCEEDED, ShardStatus.FAILED]))
-        unfinished, lost = 0, []
-        for shard in shards:
-            if read_manifest(job, shard) is not None:
-                continue
-            failure = task_failure(shard)
-            if failure is not None and not failure.transient:
-                continue
-            unfinished += 1
-            if shard.status == ShardStatus.PENDING or failure is not None or _lost(shard, pending, now):
-                lost.append(shard)
-        if lost:
-            report.resent_shards += job_redispatch(
-                job_id=str(job.id), shards=lost, reason="no live attempt and no message in the broker"
-            )
-        elif unfinished == 0 and lease_holder(job_lease_key("merge", str(job.id))) is None:
-            # The chord's callback may be on its way; a second merge of the same job does nothing.
-            merge_job.apply_async((str(job.id),), task_id=_merge_task_id(str(job.id)), queue=CONTROL_QUEUE)
-            report.merged += 1
+    lost = []
+    for shard in job.shards.filter(status=ShardStatus.DISPATCHED):
+        settled = shard_settle(job, shard)
+        if settled is Settled.HELD:
+            shard_hold_back(shard)
+        elif settled is Settled.RETRY or (settled is Settled.RUNNING and _lost(shard, pending, now)):
+            lost.append(shard)
+    if lost:
+        report.resent_shards += shards_requeue(
+            job=job, shards=lost, reason="no live attempt and no message in the broker"
+        )
+    if job.status == JobStatus.PAUSED:
+        return
+    unsettled = job.shards.filter(round=job.retry_round, status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED])
+    if not unsettled.exists() and lease_holder(job_lease_key("merge", str(job.id))) is None:
+        # The last shard's callback may be on its way; a second merge of the same job does nothing.
+        merge_job.apply_async((str(job.id),), task_id=_merge_task_id(str(job.id)), queue=CONTROL_QUEUE)
+        report.merged += 1
+
+
+def _sweep_running(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
+    jobs = list(Job.objects.select_related("model__gpu_class", "tenant").filter(status__in=SETTLING))
+    # Rebuilt from PostgreSQL on every sweep: a pause outlives Redis.
+    request_pause([str(job.id) for job in jobs if job.status == JobStatus.PAUSED])
+    for job in jobs:
+        try:
+            _sweep_job(job, now, pending, report)
+        except ValueError as exc:
+            # A commit marker that does not match its shard: this job cannot end well, the others can.
+            job_fail(job_id=str(job.id), reason=f"reconcile refused inconsistent shard output: {exc}")
+            report.failed_jobs += 1
+        except Exception:
+            # Anything else (storage unreachable for this job's prefix, say) may pass: the next sweep
+            # tries this job again, and the other jobs are swept now.
+            logger.exception("reconcile: sweeping job %s failed; the next sweep tries again", job.id)
+    report.scheduled_shards += schedule_all()
 
 
 def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
@@ -141,10 +163,8 @@ def jobs_reconcile() -> ReconcileReport:
     started = time.perf_counter()
     now = timezone.now()
     report = ReconcileReport()
-    running_queues = {
-        gpu_queue(job.model.gpu_class.name, job.model.gpus_per_replica)
-        for job in Job.objects.select_related("model__gpu_class").filter(status=JobStatus.RUNNING)
-    }
+    running = Job.objects.select_related("model__gpu_class").filter(status__in=SETTLING)
+    running_queues = {job_queue(job) for job in running}
     pending = pending_task_ids({CONTROL_QUEUE, *running_queues})
     _expire_overdue(now, report)
     _replan_stalled(now, pending, report)

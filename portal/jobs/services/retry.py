@@ -16,10 +16,10 @@ from django.db.models import Max
 
 from portal.audit.services import audit_record
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
-from portal.jobs.services.plan import ShardWriter
+from portal.jobs.services.plan import ShardCut, ShardWriter
 from portal.jobs.services.storage_layout import job_root, shard_prefix
 from portal.jobs.services.transitions import job_transition
-from tasks.formats.records import Record
+from tasks.formats.records import Record, input_field_for
 from tasks.stops import clear_stop
 from tasks.storage import store_for
 
@@ -45,7 +45,12 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
     job_id = str(job.id)
     round_ = job.retry_round + 1
     root = job_root(job)
-    writer = ShardWriter(root, job.shard_size, first_index=(job.shards.aggregate(last=Max("index"))["last"] or 0) + 1)
+    writer = ShardWriter(
+        root,
+        ShardCut.for_job(job),
+        input_field=input_field_for(job.model.task),
+        first_index=(job.shards.aggregate(last=Max("index"))["last"] or 0) + 1,
+    )
     try:
         for shard in job.shards.filter(round=job.retry_round).order_by("index"):
             with store_for(shard.input_uri).open_read(shard.input_uri) as source:
@@ -71,14 +76,16 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
                 round=round_,
                 first_record=shard.first_record,
                 record_count=shard.record_count,
+                input_chars=shard.input_chars,
+                estimated_seconds=shard.estimated_seconds,
                 input_uri=shard.input_uri,
                 prefix_uri=shard_prefix(root, shard.index),
             )
             for shard in planned
         )
-        from portal.jobs.services.dispatch import job_dispatch
+        from portal.jobs.services.scheduler import schedule_job
 
-        transaction.on_commit(lambda: job_dispatch(job_id=job_id))
+        transaction.on_commit(lambda: schedule_job(job_id=job_id))
         audit_record(
             actor=actor,
             action="job.retried",

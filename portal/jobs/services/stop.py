@@ -22,6 +22,10 @@ from tasks.stops import request_stop
 logger = logging.getLogger(__name__)
 
 
+STOPPABLE = (JobStatus.RUNNING, JobStatus.PAUSED)
+"""Statuses from which a started job is stopped by finalizing it (the others end at once)."""
+
+
 class CannotStop(Exception):
     """The job has already ended, or is ending."""
 
@@ -73,12 +77,14 @@ def job_cancel(*, job: Job, actor: User | None = None) -> Job:
         _audit_cancel(job, job.status, JobStatus.CANCELLED, actor)
         return Job.objects.get(pk=job_id)
     with transaction.atomic():
-        if not job_transition(job_id=job_id, source=JobStatus.RUNNING, target=JobStatus.CANCELLING):
+        if not job_transition(job_id=job_id, source=STOPPABLE, target=JobStatus.CANCELLING):
             job.refresh_from_db()
-            raise CannotStop(f"job {job_id} is {job.status}; only a queued, planning or running job can be cancelled")
+            raise CannotStop(
+                f"job {job_id} is {job.status}; only a queued, planning, running or paused job can be cancelled"
+            )
         _revoke_unfinished(job)
         _finalize(job_id, "cancelled")
-        _audit_cancel(job, JobStatus.RUNNING, JobStatus.CANCELLING, actor)
+        _audit_cancel(job, job.status, JobStatus.CANCELLING, actor)
     logger.info("job %s cancelling", job_id)
     return Job.objects.get(pk=job_id)
 
@@ -89,7 +95,7 @@ def job_expire(*, job: Job) -> bool:
     request_stop(job_id, "expired")
     if _end_before_running(job_id, JobStatus.EXPIRED):
         return True
-    if job.status != JobStatus.RUNNING:
+    if job.status not in STOPPABLE:
         return False
     _revoke_unfinished(job)
     with transaction.atomic():

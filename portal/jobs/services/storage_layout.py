@@ -33,6 +33,11 @@ def shard_prefix(root: str, index: int) -> str:
     return join_uri(root, "shards", f"{index:05d}")
 
 
+def pause_marker_uri(root: str) -> str:
+    """Exists while the job is paused: workers read it beside the Redis flag, since storage outlives Redis."""
+    return join_uri(root, "paused")
+
+
 def output_uri(job_id: str) -> str:
     return join_uri(job_prefix(job_id), OUTPUT_NAME)
 

@@ -2,14 +2,18 @@
 
 It checks the request and, for inputs small enough, every input line; reserves quota with the
 tenant's quota row locked; creates the job; and enqueues planning once the transaction commits.
+The checks, the quota rules and the job as it would be created are shared with the dry run
+(`dry_run.py`), which stores nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,16 +27,33 @@ from django.utils import timezone
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import Job, JobEvent, JobStatus
-from portal.jobs.selectors import quota_usage
+from portal.jobs.selectors import QuotaUsage, quota_usage
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Quota, Tenant
 from tasks.formats.inputs import InputOptions, InputOptionsError, check_input
+from tasks.formats.jsonl import JsonlCheck
 from tasks.formats.records import LineProblem, input_field_for
 from tasks.storage import StorageError, store_for
 
-SAMPLE_BYTES = 64 * 1024
 OUTPUT_FORMATS = ("jsonl", "parquet")
+# Bounds on what a request may ask for: each keeps a value within what the job's columns and the
+# workers can hold, and names a limit a person can read in the API schema.
+MAX_PARAMS_DEPTH = 32
+"""Levels of nesting in params, the params object itself being the first."""
+MAX_PARAMS_BYTES = 64 * 1024
+PLATFORM_PARAMS: dict[str, tuple[type, float]] = {
+    "micro_batch_size": (int, 1_000_000),
+    "time_limit_base_s": (float, 7 * 24 * 3600),
+    "time_limit_per_record_s": (float, 24 * 3600),
+}
+"""Params the platform itself reads when it sends and runs shards (not the model's): their type and
+upper bound. A wrong one refused here would otherwise fail in the scheduler, for every job of the queue."""
+"""The size of params as compact UTF-8 JSON."""
+MAX_SHARD_SIZE = 1_000_000
+"""Records per shard when the submitter chooses: a worker holds a whole shard's input in memory."""
+MAX_DEADLINE_SECONDS = 365 * 24 * 3600
+"""A year: a batch job's deadline is hours or days; the bound keeps the deadline a date."""
 
 
 class SubmissionError(Exception):
@@ -45,16 +66,17 @@ class SubmissionError(Exception):
         self.problems = list(problems)
 
 
+def exceeded_message(quota: str, limit: object, current: object, requested: object) -> str:
+    return f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}"
+
+
 class QuotaExceeded(SubmissionError):
     """A limit of the tenant's quota refuses the job: `limit` is the limit, `current` the use so far."""
 
     def __init__(
         self, *, quota: str, limit: float | list[str], current: float | str, requested: float | str, message: str = ""
     ) -> None:
-        super().__init__(
-            message or f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}",
-            field=quota,
-        )
+        super().__init__(message or exceeded_message(quota, limit, current, requested), field=quota)
         self.quota = quota
         self.limit = limit
         self.current = current
@@ -103,59 +125,48 @@ def _resolve_model(tenant: Tenant, name: str, version: str | None) -> Model:
     return model
 
 
-def _check_input(input_uri: str, *, input_field: str, options: InputOptions) -> InputCheck:
+@contextmanager
+def input_errors() -> Iterator[None]:
+    """Raise what reading an input throws as the `SubmissionError` that names it."""
     try:
-        store = store_for(input_uri)
-        size = store.size(input_uri)
+        yield
+    except InputOptionsError as exc:
+        raise SubmissionError(str(exc), field=exc.option) from None
     except StorageError as exc:
         raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+
+
+def input_read(input_uri: str, *, input_field: str, options: InputOptions) -> tuple[int, JsonlCheck | None]:
+    """The input's size, and the check of every line where the input is small enough to check at
+    submission (BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES); None: the planner checks it. Raises
+    `SubmissionError` when the input cannot be read or the options do not fit its format."""
+    with input_errors():
+        store = store_for(input_uri)
+        size = store.size(input_uri)
     if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
-        return InputCheck(size=size, records=None)
-    limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
-    try:
+        return size, None
+    with input_errors():
         check = check_input(
             lambda: store.open_read(input_uri),
             uri=input_uri,
             options=options,
             input_field=input_field,
-            max_problems=limit,
+            max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
         )
-    except InputOptionsError as exc:
-        raise SubmissionError(str(exc), field=exc.option) from None
-    except StorageError as exc:
-        raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
-    if not check.ok:
-        raise SubmissionError(f"input rejected: {check.summary(limit=limit)}", field="input", problems=check.problems)
-    return InputCheck(size=size, records=check.records)
+    return size, check
 
 
-def _parquet_rows(input_uri: str) -> int | None:
-    """The row count in a Parquet file's footer, where the store's reader can seek to it."""
-    import pyarrow.parquet as pq
-
-    with store_for(input_uri).open_read(input_uri) as stream:
-        if not stream.seekable():
-            return None
-        return int(pq.ParquetFile(stream).metadata.num_rows)
+def input_rejected(check: JsonlCheck) -> SubmissionError:
+    """The refusal of an input whose check found bad lines, naming them."""
+    summary = check.summary(limit=settings.BATCHERY_MAX_REPORTED_PROBLEMS)
+    return SubmissionError(f"input rejected: {summary}", field="input", problems=check.problems)
 
 
-def _estimate_records(input_uri: str, size: int) -> int:
-    """Records in an input too large to check at submission, to choose a shard size: the row count of
-    a Parquet file, else the size over the mean line length of the first 64 KiB (of the stored bytes:
-    a compressed file is taken at its compressed size, which undercounts, and the shard size bounds
-    keep that harmless)."""
-    with store_for(input_uri).open_read(input_uri) as stream:
-        sample = stream.read(SAMPLE_BYTES)
-    if sample.startswith(b"PAR1") and (rows := _parquet_rows(input_uri)) is not None:
-        return max(1, rows)
-    lines = max(sample.count(b"\n"), 1)
-    return max(1, round(size / max(len(sample) / lines, 1)))
-
-
-def default_shard_size(records: int) -> int:
-    """Enough shards to spread a job over the fleet, none so small that overhead dominates."""
-    per_shard = math.ceil(records / settings.BATCHERY_TARGET_SHARDS)
-    return max(settings.BATCHERY_MIN_SHARD_RECORDS, min(settings.BATCHERY_MAX_SHARD_RECORDS, per_shard))
+def _check_input(input_uri: str, *, input_field: str, options: InputOptions) -> InputCheck:
+    size, check = input_read(input_uri, input_field=input_field, options=options)
+    if check is not None and not check.ok:
+        raise input_rejected(check)
+    return InputCheck(size=size, records=check.records if check is not None else None)
 
 
 def _check_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -163,45 +174,183 @@ def _check_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(params, Mapping):
         raise SubmissionError("params must be a JSON object", field="params")
+    if (problem := _params_shape_problem(params) or _platform_params_problem(params)) is not None:
+        raise SubmissionError(problem, field="params")
+    try:
+        # As PostgreSQL will take it: no NaN or Infinity, no lone surrogate.
+        size = len(json.dumps(params, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode())
+    except (TypeError, ValueError) as exc:
+        raise SubmissionError(f"params must hold only JSON values: {exc}", field="params") from None
+    if size > MAX_PARAMS_BYTES:
+        raise SubmissionError(f"params is {size} bytes as JSON, over the limit of {MAX_PARAMS_BYTES}", field="params")
     return dict(params)
+
+
+def _platform_params_problem(params: Mapping[str, Any]) -> str | None:
+    for name, (kind, most) in PLATFORM_PARAMS.items():
+        if name not in params:
+            continue
+        value = params[name]
+        is_number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not is_number or (kind is int and value != int(value)) or not 0 < value <= most:
+            what = "a whole number" if kind is int else "a number"
+            return (
+                f"params.{name} must be {what} above 0 and at most {most:g}, not {json.dumps(value, default=str)[:40]}"
+            )
+    return None
+
+
+def _params_shape_problem(params: Mapping[str, Any]) -> str | None:
+    """Nesting past MAX_PARAMS_DEPTH, or a NUL character (PostgreSQL's jsonb refuses \\u0000).
+
+    Walked with a stack, not recursion: the value may be nested as deep as the JSON parser allowed,
+    deeper than encoding it (or this check, recursive) could go.
+    """
+    pending: list[tuple[Any, int]] = [(params, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return "params must not hold a NUL character (\\u0000)"
+            continue
+        if isinstance(value, Mapping):
+            children = [*value.keys(), *value.values()]
+        elif isinstance(value, list | tuple):
+            children = list(value)
+        else:
+            continue
+        if depth > MAX_PARAMS_DEPTH:
+            return f"params is nested deeper than {MAX_PARAMS_DEPTH} levels"
+        pending.extend((child, depth + 1) for child in children)
+    return None
+
+
+@dataclass(frozen=True)
+class QuotaLine:
+    """One limit of a tenant's quota held against a job, as `job_submit` judges it."""
+
+    quota: str
+    """The limit's name, a field of `Quota`."""
+    limit: int
+    used: float
+    """The use so far: jobs not ended, their records, this month's GPU-seconds; 0 for a per-job limit."""
+    adds: float | None
+    """What the job adds; None: not counted at submission (a large input's records), so not limited."""
+    refused: str | None
+    """Why `job_submit` refuses the job on this limit; None: the job fits."""
+
+    @property
+    def left(self) -> float | None:
+        """What would be left with the job counted; below 0: over the limit."""
+        return None if self.adds is None else self.limit - self.used - self.adds
+
+    def exceeded(self) -> QuotaExceeded:
+        requested = self.adds if self.adds is not None else 0
+        return QuotaExceeded(
+            quota=self.quota, limit=self.limit, current=self.used, requested=requested, message=self.refused or ""
+        )
+
+
+def quota_lines(
+    quota: Quota, use: QuotaUsage, *, input_bytes: int, records: int | None, gpu_seconds: float = 0
+) -> list[QuotaLine]:
+    """Each set limit of `quota` held against a job of `input_bytes` and `records` (None: not counted
+    at submission) that is expected to take `gpu_seconds`.
+
+    The monthly GPU-seconds refuse a job only once they are used up: a job's cost is known when it
+    ends, so a job that starts within the month may take it past the limit.
+    """
+    lines: list[QuotaLine] = []
+    if (limit := quota.max_input_bytes) is not None:
+        lines.append(_quota_line("max_input_bytes", limit, used=0, adds=input_bytes, over=input_bytes > limit))
+    if (limit := quota.max_concurrent_jobs) is not None:
+        over = use.concurrent_jobs + 1 > limit
+        lines.append(_quota_line("max_concurrent_jobs", limit, used=use.concurrent_jobs, adds=1, over=over))
+    if (limit := quota.gpu_seconds_per_month) is not None:
+        used = use.gpu_seconds_this_month
+        exhausted = f"quota gpu_seconds_per_month exhausted: limit {limit}, used {used:.1f} this month"
+        lines.append(
+            _quota_line(
+                "gpu_seconds_per_month",
+                limit,
+                used=round(used, 1),
+                adds=gpu_seconds,
+                over=used >= limit,
+                message=exhausted,
+            )
+        )
+    if (limit := quota.max_queued_records) is not None:
+        over = records is not None and use.queued_records + records > limit
+        lines.append(_quota_line("max_queued_records", limit, used=use.queued_records, adds=records, over=over))
+    return lines
+
+
+def _quota_line(
+    name: str, limit: int, *, used: float, adds: float | None, over: bool, message: str | None = None
+) -> QuotaLine:
+    refused = (message or exceeded_message(name, limit, used, adds)) if over else None
+    return QuotaLine(quota=name, limit=limit, used=used, adds=adds, refused=refused)
 
 
 def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
     """Check the tenant's limits with its quota row locked, so concurrent submissions queue up here."""
     Quota.objects.get_or_create(tenant=tenant)
     quota = Quota.objects.select_for_update().get(tenant=tenant)
-    if quota.max_input_bytes is not None and input_bytes > quota.max_input_bytes:
-        raise QuotaExceeded(quota="max_input_bytes", limit=quota.max_input_bytes, current=0, requested=input_bytes)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
-    if quota.max_concurrent_jobs is not None and use.concurrent_jobs + 1 > quota.max_concurrent_jobs:
-        raise QuotaExceeded(
-            quota="max_concurrent_jobs", limit=quota.max_concurrent_jobs, current=use.concurrent_jobs, requested=1
-        )
-    if quota.gpu_seconds_per_month is not None and use.gpu_seconds_this_month >= quota.gpu_seconds_per_month:
-        raise QuotaExceeded(
-            quota="gpu_seconds_per_month",
-            limit=quota.gpu_seconds_per_month,
-            current=round(use.gpu_seconds_this_month, 1),
-            requested=0,
-            message=f"quota gpu_seconds_per_month exhausted: limit {quota.gpu_seconds_per_month}, "
-            f"used {use.gpu_seconds_this_month:.1f} this month",
-        )
-    if (
-        quota.max_queued_records is not None
-        and records is not None
-        and use.queued_records + records > quota.max_queued_records
-    ):
-        raise QuotaExceeded(
-            quota="max_queued_records", limit=quota.max_queued_records, current=use.queued_records, requested=records
+    for line in quota_lines(quota, use, input_bytes=input_bytes, records=records):
+        if line.refused is not None:
+            raise line.exceeded()
+
+
+@dataclass(frozen=True)
+class SubmissionRequest:
+    """A request that passed every check but its input's lines: what `job_submit` and the dry run go on from."""
+
+    tenant: Tenant
+    model: Model
+    input_uri: str
+    """Normalized: a local path made an absolute file:// URI."""
+    params: dict[str, Any]
+    options: InputOptions
+    output_format: str
+    priority: int | None
+    shard_size: int | None
+    deadline_seconds: float | None
+
+    @property
+    def input_field(self) -> str:
+        """The record field the model reads."""
+        return input_field_for(self.model.task)
+
+    def job(self, checked: InputCheck, *, job_id: str, user: User | None = None) -> Job:
+        """The job as `job_submit` creates it, not saved: the dry run plans it without storing it."""
+        return Job(
+            id=job_id,
+            tenant=self.tenant,
+            created_by=user,
+            model=self.model,
+            input_uri=self.input_uri,
+            input_bytes=checked.size,
+            params=self.params,
+            input_format=self.options.format,
+            text_column=self.options.text_column or "",
+            id_column=self.options.id_column or "",
+            output_format=self.output_format,
+            priority=self.priority,
+            # None: the planner cuts by estimated cost (plan.py).
+            shard_size=self.shard_size,
+            total_records=checked.records,
+            output_uri=output_uri(job_id),
+            errors_uri=errors_uri(job_id),
+            deadline_at=timezone.now() + dt.timedelta(seconds=self.deadline_seconds) if self.deadline_seconds else None,
         )
 
 
-def job_submit(
+def submission_request(
     *,
     tenant: Tenant,
     model_name: str,
     input_uri: str,
-    user: User | None = None,
     model_version: str | None = None,
     params: Mapping[str, Any] | None = None,
     shard_size: int | None = None,
@@ -213,8 +362,8 @@ def job_submit(
     id_column: str = "",
     output_format: str = "jsonl",
     priority: int | None = None,
-) -> Job:
-    """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines).
+) -> SubmissionRequest:
+    """Check a request but for its input's lines; raise `SubmissionError` naming what is wrong.
 
     `input_roots`, when given, confines the input to those URI prefixes: callers acting for a tenant
     (the API) pass them; the operators' CLI does not. `task`, when given, is the task the model must
@@ -239,40 +388,79 @@ def job_submit(
             f"priority must be from 0 to {tenant.priority} (the tenant's own priority), not {priority}",
             field="priority",
         )
-    if shard_size is not None and shard_size < 1:
-        raise SubmissionError("shard_size must be a positive number of records", field="shard_size")
-    if deadline_seconds is not None and deadline_seconds <= 0:
-        raise SubmissionError("the deadline must be a positive number of seconds", field="deadline_seconds")
+    if shard_size is not None and not 1 <= shard_size <= MAX_SHARD_SIZE:
+        raise SubmissionError(
+            f"shard_size must be a number of records from 1 to {MAX_SHARD_SIZE}, not {shard_size}", field="shard_size"
+        )
+    # Written so that NaN fails it too.
+    if deadline_seconds is not None and not 0 < deadline_seconds <= MAX_DEADLINE_SECONDS:
+        raise SubmissionError(
+            f"deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS} (a year), not {deadline_seconds}",
+            field="deadline_seconds",
+        )
     uri = normalize_input_uri(input_uri)
     if input_roots is not None and (refusal := input_refusal(uri, input_roots)):
         raise SubmissionError(refusal, field="input")
-    checked = _check_input(uri, input_field=input_field_for(model.task), options=options)
-    records = checked.records if checked.records is not None else _estimate_records(uri, checked.size)
+    return SubmissionRequest(
+        tenant=tenant,
+        model=model,
+        input_uri=uri,
+        params=job_params,
+        options=options,
+        output_format=output_format,
+        priority=priority,
+        shard_size=shard_size,
+        deadline_seconds=deadline_seconds,
+    )
+
+
+def job_submit(
+    *,
+    tenant: Tenant,
+    model_name: str,
+    input_uri: str,
+    user: User | None = None,
+    model_version: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    shard_size: int | None = None,
+    deadline_seconds: float | None = None,
+    input_roots: Sequence[str] | None = None,
+    task: str | None = None,
+    input_format: str = "auto",
+    text_column: str = "",
+    id_column: str = "",
+    output_format: str = "jsonl",
+    priority: int | None = None,
+) -> Job:
+    """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines).
+
+    The arguments are `submission_request`'s, and `user`, who submits.
+    """
+    request = submission_request(
+        tenant=tenant,
+        model_name=model_name,
+        input_uri=input_uri,
+        model_version=model_version,
+        params=params,
+        shard_size=shard_size,
+        deadline_seconds=deadline_seconds,
+        input_roots=input_roots,
+        task=task,
+        input_format=input_format,
+        text_column=text_column,
+        id_column=id_column,
+        output_format=output_format,
+        priority=priority,
+    )
+    checked = _check_input(request.input_uri, input_field=request.input_field, options=request.options)
 
     from tasks.plan import plan_job
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():
         _reserve_quota(tenant, input_bytes=checked.size, records=checked.records)
-        job = Job.objects.create(
-            id=job_id,
-            tenant=tenant,
-            created_by=user,
-            model=model,
-            input_uri=uri,
-            input_bytes=checked.size,
-            params=job_params,
-            input_format=input_format,
-            text_column=text_column,
-            id_column=id_column,
-            output_format=output_format,
-            priority=priority,
-            shard_size=shard_size or default_shard_size(records),
-            total_records=checked.records,
-            output_uri=output_uri(job_id),
-            errors_uri=errors_uri(job_id),
-            deadline_at=timezone.now() + dt.timedelta(seconds=deadline_seconds) if deadline_seconds else None,
-        )
+        job = request.job(checked, job_id=job_id, user=user)
+        job.save(force_insert=True)
         JobEvent.objects.create(job=job, status=JobStatus.QUEUED)
         transaction.on_commit(lambda: plan_job.apply_async((job_id,), task_id=f"plan-{job_id}"))
     return job

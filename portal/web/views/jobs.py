@@ -20,7 +20,9 @@ from portal.api.downloads import stream_object
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
 from portal.jobs.selectors import job_output_file
+from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
+from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
@@ -41,7 +43,7 @@ from portal.web.selectors import (
 from tasks.storage import StorageError, store_for
 
 JOBS_PER_PAGE = 25
-CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.PLANNING, JobStatus.RUNNING})
+CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED})
 ADVANCED_FIELDS = frozenset(
     {"shard_size", "input_format", "text_column", "id_column", "output_format", "deadline_seconds", "priority"}
 )
@@ -85,27 +87,31 @@ def _store_input(portal: PortalAccess, form: SubmitForm) -> tuple[str, bool]:
     return uri, True
 
 
-def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job:
+def _submission(portal: PortalAccess, form: SubmitForm, input_uri: str) -> dict[str, Any]:
+    """The form's request, as `job_submit` and `job_dry_run` take it."""
     data = form.cleaned_data
     model = form.chosen_model
+    return {
+        "tenant": portal.tenant,
+        "model_name": model.name,
+        "model_version": model.version,
+        "input_uri": input_uri,
+        "params": data["params"],
+        "shard_size": data.get("shard_size"),
+        "deadline_seconds": data.get("deadline_seconds"),
+        "priority": data.get("priority"),
+        "input_roots": tenant_input_roots(portal.tenant),
+        "input_format": data["input_format"],
+        "text_column": data.get("text_column", "").strip(),
+        "id_column": data.get("id_column", "").strip(),
+        "output_format": data["output_format"],
+    }
+
+
+def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job:
     input_uri, uploaded = _store_input(portal, form)
     try:
-        return job_submit(
-            tenant=portal.tenant,
-            user=_user(request),
-            model_name=model.name,
-            model_version=model.version,
-            input_uri=input_uri,
-            params=data["params"],
-            shard_size=data.get("shard_size"),
-            deadline_seconds=data.get("deadline_seconds"),
-            priority=data.get("priority"),
-            input_roots=tenant_input_roots(portal.tenant),
-            input_format=data["input_format"],
-            text_column=data.get("text_column", "").strip(),
-            id_column=data.get("id_column", "").strip(),
-            output_format=data["output_format"],
-        )
+        return job_submit(user=_user(request), **_submission(portal, form, input_uri))
     except SubmissionError:
         if uploaded:
             # A refused job keeps nothing: the upload goes with it.
@@ -113,20 +119,33 @@ def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job
         raise
 
 
+def _check(portal: PortalAccess, form: SubmitForm) -> DryRunReport:
+    """A dry run of the form's request: an upload is kept only while it is read."""
+    input_uri, uploaded = _store_input(portal, form)
+    try:
+        return job_dry_run(**_submission(portal, form, input_uri))
+    finally:
+        if uploaded:
+            store_for(input_uri).delete_prefix(input_uri)
+
+
 @tenant_view(role=Membership.Role.MEMBER)
 def submit(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
+    """The submit form; its "Check first" button (`action=check`) shows a dry run's report instead."""
     models = models_for_tenant(portal.tenant).order_by("name", "-version")
     form = SubmitForm(request.POST or None, request.FILES or None, models=models)
     refusal: SubmissionError | None = None
+    report: DryRunReport | None = None
     if request.method == "POST" and form.is_valid():
         try:
-            job = _submit(request, portal, form)
+            if request.POST.get("action") == "check":
+                report = _check(portal, form)
+            else:
+                return redirect("web:job", job_id=_submit(request, portal, form).pk)
         except UploadTooLarge as exc:
             form.add_error("file", str(exc))
         except SubmissionError as exc:
             refusal = exc
-        else:
-            return redirect("web:job", job_id=job.pk)
     refused_field = REFUSAL_FIELDS.get(refusal.field, "") if refusal else ""
     if refusal and refused_field:
         form.add_error(refused_field, refusal.message)
@@ -134,10 +153,14 @@ def submit(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
         "form": form,
         "models": list(models),
         "refusal": _refusal(refusal) if refusal else None,
+        "report": report,
+        # A browser does not keep a chosen file across pages: after a check it must be chosen again.
+        "choose_again": report is not None and bool(form.cleaned_data.get("file")),
         "max_upload": settings.BATCHERY_MAX_UPLOAD_BYTES,
         "advanced_open": refused_field in ADVANCED_FIELDS or any(form.has_error(name) for name in ADVANCED_FIELDS),
     }
-    return page(request, portal, "web/submit.html", context, status=400 if request.method == "POST" else 200)
+    failed = request.method == "POST" and report is None
+    return page(request, portal, "web/submit.html", context, status=400 if failed else 200)
 
 
 @dataclass(frozen=True)
@@ -180,6 +203,8 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         # An ended job's chart comes from its shards' timings; a running one's from the polls.
         "history_json": json.dumps(throughput_history(job) if job.is_finished else []),
         "can_cancel": member and job.status in CANCELLABLE,
+        "can_pause": member and job.status == JobStatus.RUNNING,
+        "can_resume": member and job.status == JobStatus.PAUSED,
         "can_retry": member and job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0,
         "downloads": job.is_finished and job.shard_count > 0,
         "sampled_at": time.time(),
@@ -207,6 +232,32 @@ def job_cancel_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUI
         messages.error(request, str(exc))
     else:
         messages.success(request, "Cancelling: running shards stop at their next batch; finished work is kept.")
+    return redirect("web:job", job_id=job.pk)
+
+
+@require_POST
+@tenant_view(role=Membership.Role.MEMBER)
+def job_pause_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    job = _job(portal, job_id)
+    try:
+        job_pause(job=job, actor=_user(request))
+    except CannotPause as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Paused: no new shard starts; running shards finish. The deadline keeps running.")
+    return redirect("web:job", job_id=job.pk)
+
+
+@require_POST
+@tenant_view(role=Membership.Role.MEMBER)
+def job_resume_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
+    job = _job(portal, job_id)
+    try:
+        job_resume(job=job, actor=_user(request))
+    except CannotPause as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Resumed.")
     return redirect("web:job", job_id=job.pk)
 
 

@@ -1,4 +1,4 @@
-"""A tenant's priority becomes the broker priority of its shards: the real Redis broker serves them first."""
+"""A job's priority (capped by its tenant's) is its shards' broker priority: the real Redis broker serves them first."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.dispatch import job_dispatch
+from portal.jobs.services.scheduler import schedule_queue
 from portal.jobs.services.submit import SubmissionError, job_submit
 from tasks.config import gpu_queue, message_priority
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
@@ -38,8 +38,10 @@ def _running_job(tenant: Any, model: Any, shards: int, priority: int | None = No
     return job
 
 
-def test_shards_of_a_higher_priority_tenant_are_delivered_before_those_queued_earlier() -> None:
+def test_shards_of_a_higher_priority_tenant_are_delivered_before_those_queued_earlier(settings: Any) -> None:
     from tasks.app import app
+
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 20
 
     gpu_class = GpuClassFactory(name=f"prio{uuid.uuid4().hex[:8]}")
     model = ModelFactory(name="prio-model", gpu_class=gpu_class, is_default=False)
@@ -47,8 +49,7 @@ def test_shards_of_a_higher_priority_tenant_are_delivered_before_those_queued_ea
     low = _running_job(TenantFactory(name="low", priority=1), model, shards=3)
     background = _running_job(high_tenant, model, shards=3, priority=0)
     high = _running_job(high_tenant, model, shards=3)
-    for job in (low, background, high):
-        job_dispatch(job_id=str(job.pk))
+    assert schedule_queue(gpu_queue(gpu_class.name)) == 9
 
     delivered = []
     with app.connection_for_read() as connection:

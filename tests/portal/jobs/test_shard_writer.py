@@ -6,12 +6,15 @@ import uuid
 
 import pytest
 
-from portal.jobs.services.plan import ShardWriter
+from portal.catalog.throughput import CostModel
+from portal.jobs.services.plan import ShardCut, ShardWriter
 from portal.jobs.services.storage_layout import job_prefix
 from tasks.formats.records import Record
 from tasks.storage import store_for
 
 pytestmark = pytest.mark.django_db
+
+BY_TWO = ShardCut(cost=CostModel(per_record_s=1.0, per_char_s=0.0, observed=False), shard_size=2)
 
 
 def _record(n: int) -> Record:
@@ -19,7 +22,7 @@ def _record(n: int) -> Record:
 
 
 def test_records_are_cut_into_shards_of_the_given_size() -> None:
-    writer = ShardWriter(job_prefix(str(uuid.uuid4())), 2)
+    writer = ShardWriter(job_prefix(str(uuid.uuid4())), BY_TWO, input_field="input")
     for n in range(5):
         writer.add(_record(n))
     shards = writer.close()
@@ -29,7 +32,7 @@ def test_records_are_cut_into_shards_of_the_given_size() -> None:
 
 def test_an_aborted_writer_publishes_no_part_of_the_shard_it_was_writing() -> None:
     job_id = str(uuid.uuid4())
-    writer = ShardWriter(job_prefix(job_id), 2)
+    writer = ShardWriter(job_prefix(job_id), BY_TWO, input_field="input")
     for n in range(3):
         writer.add(_record(n))
     writer.abort()

@@ -9,7 +9,7 @@ import pytest
 
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.plan import job_plan
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, default_shard_size, job_submit
+from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.tenancy.models import Quota
 
 BAD_LINES = [
@@ -121,6 +121,10 @@ def test_the_concurrent_jobs_quota_refuses_a_job_over_the_limit(
     assert (refused.value.quota, refused.value.limit, refused.value.current) == ("max_concurrent_jobs", 1, 1)
 
 
-@pytest.mark.parametrize(("records", "expected"), [(10, 100), (20_000, 313), (10_000_000, 10_000)])
-def test_the_default_shard_size_follows_the_input_size_within_bounds(records: int, expected: int) -> None:
-    assert default_shard_size(records) == expected
+def test_an_omitted_shard_size_stays_empty_so_that_the_planner_cuts_by_cost(
+    acme: Any, minilm: Any, write_jsonl: Callable[..., Path]
+) -> None:
+    path = write_jsonl([{"input": "x"}])
+    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+    job.refresh_from_db()
+    assert job.shard_size is None

@@ -29,6 +29,7 @@ from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_fairness import render_fairness, run_fairness_bench
 from portal.ops.bench_io import DEFAULT_SIZES_MB, render_io_results, run_io_bench
 from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from portal.ops.demo import write_demo_dataset
@@ -107,6 +108,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-rounds", type=int, default=2, help="off/on pairs of the comparison; medians are compared"
         )
+        parser.add_argument(
+            "--fairness-slots", type=int, default=4, help="CPU slots of the scheduler's fairness run (0: skip)"
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
@@ -118,6 +122,8 @@ class Command(BaseCommand):
                 self.stack_bench(options)
                 if options["metrics_sentences"]:
                     self.metrics_bench(options)
+                if options["fairness_slots"]:
+                    self.fairness_bench(options["fairness_slots"])
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
 
@@ -155,6 +161,12 @@ class Command(BaseCommand):
         self.stdout.write(f"scrape, 8 slots      p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
         self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-rounds 4")
 
+    def fairness_bench(self, slots: int) -> None:
+        self.stdout.write("")
+        figures = run_fairness_bench(slots=slots, say=self.stdout.write)
+        self.stdout.write(render_fairness(figures))
+        self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-sentences 0")
+
     def io_bench(self, sizes: list[int]) -> None:
         self.stdout.write("")
         self.stdout.write(f"planning and merging inputs of {', '.join(f'{size} MB' for size in sizes)} ...")
@@ -191,7 +203,7 @@ class Command(BaseCommand):
         stack_rate = job.succeeded_records / elapsed
         compute = job.shards.aggregate(total=Sum("compute_seconds"))["total"] or 0.0
         self.stdout.write("")
-        self.stdout.write(f"job                  {job.status}, {job.shard_count} shards of {job.shard_size} records")
+        self.stdout.write(f"job                  {job.status}, {job.shard_count} shards ({job.shard_cut})")
         self.stdout.write(
             f"stack                {stack_rate:8.1f} records/s  ({elapsed:.1f} s, submit to merged output)"
         )

@@ -67,7 +67,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"records          {records} ({job.succeeded_records} succeeded, {job.failed_records} failed)"
         )
-        self.stdout.write(f"shards           {job.shard_count} of {job.shard_size} records")
+        self.stdout.write(f"shards           {job.shard_count} ({job.shard_cut})")
         self.stdout.write(f"seconds          {wall:.1f} from submission to ending")
         self.stdout.write(f"records/second   {records / wall:.0f}")
         self.stdout.write(f"output           {job.output_uri}")

@@ -1,0 +1,339 @@
+"""Dry run: what a submission would do, without doing it.
+
+`job_dry_run` takes the request `job_submit` takes and checks it with the same code (`submit.py`),
+reads the input as the planner will (`plan.py`: the same records, the same shard cuts), counts its
+tokens with the model's own tokenizer (`portal.catalog.tokenizers`), estimates its cost and when it
+would end behind the work already on its GPU queue, and holds it against the tenant's quota.
+
+It stores nothing: no job row, no shard file, no broker message; the quota row is read, neither
+locked nor created. It reads the whole input however large (the planner would too), so a dry run of
+a large input takes about as long as planning it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, FloatField, Sum
+from django.db.models.functions import Coalesce
+
+from portal.catalog.tokenizers import TokenCounter, token_counter
+from portal.jobs.models import Job, Shard
+from portal.jobs.selectors import quota_usage
+from portal.jobs.services.dispatch import job_queue
+from portal.jobs.services.plan import CutShard, ShardCut, ShardCutter, job_records
+from portal.jobs.services.scheduler import SCHEDULABLE
+from portal.jobs.services.settle import UNSETTLED
+from portal.jobs.services.submit import (
+    InputCheck,
+    QuotaLine,
+    input_errors,
+    input_read,
+    input_rejected,
+    quota_lines,
+    submission_request,
+)
+from portal.scheduling.capacity import queue_slots
+from portal.tenancy.models import Quota, Tenant
+from tasks.formats.jsonl import JsonlCheck
+from tasks.formats.records import LineProblem
+
+MAX_LISTED_SHARDS = 100
+"""Up to this many shards the report lists each; past it, only their count and spread."""
+TOKEN_BATCH = 256
+"""Records tokenized in one call: fast tokenizers work through a batch in parallel."""
+
+
+@dataclass(frozen=True)
+class ShardEstimate:
+    records: int
+    seconds: float
+    """Estimated compute seconds on one replica."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The shards the planner would cut: each of them, or for many only their spread."""
+
+    count: int
+    listed: tuple[ShardEstimate, ...]
+    """Every shard in input order while there are at most MAX_LISTED_SHARDS; else empty."""
+    min_records: int
+    median_records: float
+    max_records: int
+    min_seconds: float
+    median_seconds: float
+    max_seconds: float
+
+    @classmethod
+    def of(cls, cuts: Sequence[CutShard]) -> ShardPlan:
+        records = [cut.record_count for cut in cuts] or [0]
+        seconds = [cut.estimated_seconds for cut in cuts] or [0.0]
+        listed = [ShardEstimate(records=cut.record_count, seconds=cut.estimated_seconds) for cut in cuts]
+        return cls(
+            count=len(cuts),
+            listed=tuple(listed) if len(cuts) <= MAX_LISTED_SHARDS else (),
+            min_records=min(records),
+            median_records=statistics.median(records),
+            max_records=max(records),
+            min_seconds=min(seconds),
+            median_seconds=statistics.median(seconds),
+            max_seconds=max(seconds),
+        )
+
+
+@dataclass(frozen=True)
+class OverLength:
+    """Records with more tokens than the model reads from one input."""
+
+    max_tokens: int
+    """The model's maximum input length (`TokenCounter.max_tokens`)."""
+    count: int
+    lines: tuple[int, ...]
+    """1-based line (row) numbers of the first BATCHERY_MAX_REPORTED_PROBLEMS of them."""
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    """What submitting the request would do. Seconds are estimates from the model's throughput."""
+
+    model: str
+    """The model the request resolves to, `name@version`."""
+    input_bytes: int
+    unit: str
+    """What records are numbered by: "line", or "row" for Parquet."""
+    records: int
+    """Valid records."""
+    problem_count: int
+    problems: tuple[LineProblem, ...]
+    """The first BATCHERY_MAX_REPORTED_PROBLEMS bad lines, with the messages a submission gives."""
+    rejected: str | None
+    """The refusal `job_submit` would raise for the input's lines; None: the lines are fine."""
+    input_tokens: int | None
+    """Tokens of the valid records' inputs, by the model's tokenizer; None: the engine has none."""
+    over_length: OverLength | None
+    """None where tokens are not counted or the model's maximum is not known."""
+    shards: ShardPlan
+    estimated_seconds: float
+    """Compute seconds of every shard on one replica."""
+    estimated_gpu_seconds: float
+    """`estimated_seconds` times the model's GPUs per replica: what usage and fair share charge."""
+    observed: bool
+    """True: the estimate is learned from the model's finished shards; False: a default rate."""
+    queue: str
+    slots: int
+    """Slots consuming the queue (`queue_slots`): its live slots, or the default window's."""
+    backlog_seconds: float
+    """Estimated seconds of the shards waiting or running on the queue, every tenant's."""
+    share: float
+    """The tenant's fraction of the queue while other tenants have work on it."""
+    eta_seconds: float
+    """Seconds from submission to the last shard's end; see `eta_seconds`."""
+    quota: tuple[QuotaLine, ...]
+    """Each limit of the tenant's quota that is set, held against this job."""
+
+    @property
+    def accepted(self) -> bool:
+        """Whether `job_submit` would accept the request now."""
+        return self.rejected is None and all(line.refused is None for line in self.quota)
+
+
+def job_dry_run(
+    *,
+    tenant: Tenant,
+    model_name: str,
+    input_uri: str,
+    model_version: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    shard_size: int | None = None,
+    deadline_seconds: float | None = None,
+    input_roots: Sequence[str] | None = None,
+    task: str | None = None,
+    input_format: str = "auto",
+    text_column: str = "",
+    id_column: str = "",
+    output_format: str = "jsonl",
+    priority: int | None = None,
+) -> DryRunReport:
+    """Report what `job_submit` would do with this request (its arguments, less `user`), storing nothing.
+
+    A request `job_submit` refuses before reading the input's lines (an unknown model, bad params, an
+    unreadable input, a model the quota excludes) raises the same `SubmissionError`. Bad lines and
+    quota limits do not raise: the report lists the lines (`problems`, `rejected`) and each limit's
+    refusal (`quota`), so one answer shows everything to fix; `accepted` says whether a submission
+    would go through. Shards, tokens and estimates then cover the valid records.
+    """
+    request = submission_request(
+        tenant=tenant,
+        model_name=model_name,
+        input_uri=input_uri,
+        model_version=model_version,
+        params=params,
+        shard_size=shard_size,
+        deadline_seconds=deadline_seconds,
+        input_roots=input_roots,
+        task=task,
+        input_format=input_format,
+        text_column=text_column,
+        id_column=id_column,
+        output_format=output_format,
+        priority=priority,
+    )
+    size, submitted = input_read(request.input_uri, input_field=request.input_field, options=request.options)
+    # The job as job_submit would create it (its records known only where the input is checked at
+    # submission), so that the cut is the one the planner makes.
+    checked = InputCheck(size=size, records=submitted.records if submitted is not None else None)
+    draft = request.job(checked, job_id=str(uuid.uuid4()))  # never saved
+    cut = ShardCut.for_job(draft)
+    counter = token_counter(request.model)
+    check, cuts, tokens = _read(draft, cut=cut, input_field=request.input_field, counter=counter)
+
+    seconds = sum(shard.estimated_seconds for shard in cuts)
+    gpu_seconds = seconds * request.model.gpus_per_replica
+    queue = job_queue(draft)
+    slots = queue_slots(queue)
+    own, others, others_weight = _backlog(queue, tenant)
+    longest = max((shard.estimated_seconds for shard in cuts), default=0.0)
+    quota = Quota.objects.filter(tenant=tenant).first() or Quota(tenant=tenant)
+    use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
+    return DryRunReport(
+        model=str(request.model),
+        input_bytes=size,
+        unit=check.unit,
+        records=check.records,
+        problem_count=check.problem_count,
+        problems=tuple(check.problems),
+        rejected=None if check.ok else input_rejected(check).message,
+        input_tokens=tokens.total if tokens is not None else None,
+        over_length=tokens.over_length() if tokens is not None else None,
+        shards=ShardPlan.of(cuts),
+        estimated_seconds=seconds,
+        estimated_gpu_seconds=gpu_seconds,
+        observed=cut.cost.observed,
+        queue=queue,
+        slots=slots,
+        backlog_seconds=own + others,
+        share=tenant.weight / (tenant.weight + others_weight),
+        eta_seconds=eta_seconds(
+            seconds=seconds,
+            longest_shard=longest,
+            own_backlog=own,
+            others_backlog=others,
+            slots=slots,
+            weight=tenant.weight,
+            others_weight=others_weight,
+        ),
+        quota=tuple(quota_lines(quota, use, input_bytes=size, records=checked.records, gpu_seconds=gpu_seconds)),
+    )
+
+
+def eta_seconds(
+    *,
+    seconds: float,
+    longest_shard: float,
+    own_backlog: float,
+    others_backlog: float,
+    slots: int,
+    weight: float,
+    others_weight: float,
+) -> float:
+    """When a job of `seconds` (its shards' estimated seconds) would end, in seconds from now.
+
+    With E = `seconds`, Bt the tenant's own backlog on the queue, Bo the other tenants', s = `slots`,
+    w the tenant's weight and W the summed weights of the other tenants with work on the queue, the
+    tenant's share is f = w / (w + W) and
+
+        ETA = max(longest shard, min((Bt + E) / (s·f), (Bt + Bo + E) / s))
+
+    While the others have work, the scheduler gives the tenant about f of the slots, which go to its
+    older work first, then to this job: the first term. Once the others' backlog is done the job has
+    every slot, so it cannot end later than all the work on the queue over all the slots: the second
+    term. With no one else waiting (f = 1) both are (Bt + E) / s; with no backlog of its own and a
+    long one of the others', E / (s·f). A shard runs on one slot, so the longest bounds it below.
+    Backlogs count shards both waiting and running, each as a whole (`_backlog`).
+    """
+    share = weight / (weight + others_weight)
+    alone = (own_backlog + seconds) / (slots * share)
+    everyone = (own_backlog + others_backlog + seconds) / slots
+    return max(longest_shard, min(alone, everyone))
+
+
+def _read(
+    job: Job, *, cut: ShardCut, input_field: str, counter: TokenCounter | None
+) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None]:
+    """One pass over the input as the planner makes it: the check, the shard cuts, the token counts."""
+    check = JsonlCheck()
+    cutter = ShardCutter(cut, input_field=input_field)
+    tokens = _TokenTally(counter) if counter is not None else None
+    limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
+    with input_errors():
+        for record in job_records(job, input_field=input_field, check=check, max_problems=limit):
+            cutter.add(record)
+            if tokens is not None:
+                tokens.add(record.line, record.data.get(input_field))
+    if tokens is not None:
+        tokens.flush()
+    return check, cutter.close(), tokens
+
+
+class _TokenTally:
+    """Counts the records' tokens a batch at a time; keeps the total and the records over the maximum."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self._counter = counter
+        self._pending: list[tuple[int, Any]] = []
+        self.total = 0
+        self._over = 0
+        self._over_lines: list[int] = []
+
+    def add(self, line: int, value: Any) -> None:
+        self._pending.append((line, value))
+        if len(self._pending) >= TOKEN_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        counts = self._counter.count([value for _, value in self._pending])
+        self.total += sum(counts)
+        maximum = self._counter.max_tokens
+        if maximum is not None:
+            for (line, _), count in zip(self._pending, counts, strict=True):
+                if count > maximum:
+                    self._over += 1
+                    if len(self._over_lines) < settings.BATCHERY_MAX_REPORTED_PROBLEMS:
+                        self._over_lines.append(line)
+        self._pending.clear()
+
+    def over_length(self) -> OverLength | None:
+        maximum = self._counter.max_tokens
+        if maximum is None:
+            return None
+        return OverLength(max_tokens=maximum, count=self._over, lines=tuple(self._over_lines))
+
+
+def _backlog(queue: str, tenant: Tenant) -> tuple[float, float, float]:
+    """(the tenant's seconds, the other tenants' seconds, the other tenants' summed weights) of the
+    shards waiting or running on the queue, of jobs the scheduler serves."""
+    jobs = [
+        job
+        for job in Job.objects.select_related("model__gpu_class").filter(status__in=SCHEDULABLE)
+        if job_queue(job) == queue
+    ]
+    # A shard cut before shards were costed counts at the default rate, as the scheduler charges it
+    # (`portal.scheduling.costs.shard_cost_estimate`).
+    default = F("record_count") * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD
+    rows = (
+        Shard.objects.filter(job__in=jobs, status__in=UNSETTLED)
+        .values("job__tenant_id")
+        .annotate(seconds=Sum(Coalesce("estimated_seconds", default, output_field=FloatField())))
+    )
+    by_tenant = {row["job__tenant_id"]: float(row["seconds"] or 0.0) for row in rows}
+    others = [tenant_id for tenant_id in by_tenant if tenant_id != tenant.pk]
+    weight = Tenant.objects.filter(pk__in=others).aggregate(total=Sum("weight"))["total"] or 0.0
+    return by_tenant.get(tenant.pk, 0.0), sum(by_tenant[tenant_id] for tenant_id in others), float(weight)

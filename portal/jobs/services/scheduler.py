@@ -1,0 +1,231 @@
+"""The scheduler: every decision to send a shard, or to send it again, is made here.
+
+A running job's shards wait in PostgreSQL (status `pending`), not in the broker. Each GPU queue has
+a window (`portal.scheduling.capacity`): about two shards per live slot. Whenever places free up (a
+shard ends, a job starts, the reconciler sweeps), `schedule_queue` fills them in fair-share order
+(`portal.scheduling.fair_share`) and sends each shard as a chord of one (a dispatch wave of one
+shard), whose callback `batchery.shard_done` settles the shard, fills its place again at once and,
+once none of the job's shards is unsettled, sends the merge. A chord per job could only merge at
+its end; a wave of one refills a slot's place the moment it frees.
+
+So a tenant arriving behind another's large job waits for at most one shard per slot, not for the
+whole backlog. Everything the scheduler decides from lives in PostgreSQL (shard rows, the usage
+ledger), so after Redis is lost the reconciler's next sweep rebuilds it: shards whose messages were
+lost go back to `pending` and are sent again in fair-share order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, F
+from django.utils import timezone
+
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
+from portal.jobs.services.settle import UNSETTLED, Settled, shard_settle
+from portal.ops.metrics.jobs import shards_redispatched_record
+from portal.scheduling.capacity import queue_slots, queue_window
+from portal.scheduling.costs import shard_cost_estimate
+from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
+from portal.scheduling.usage import usage_charge, usage_read
+from tasks.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
+
+logger = logging.getLogger(__name__)
+
+SCHEDULABLE = (JobStatus.RUNNING,)
+SETTLING = (JobStatus.RUNNING, JobStatus.PAUSED)
+"""Statuses whose shards may still be sent or ending: a paused job's running shards finish."""
+
+
+def _lock_queue(queue: str) -> None:
+    """Serialize the ticks of one queue (until the transaction ends), so two never fill the same places."""
+    if connection.vendor != "postgresql":
+        return  # SQLite (the demo) has one writer at a time anyway.
+    key = int.from_bytes(hashlib.blake2b(f"batchery:schedule:{queue}".encode(), digest_size=8).digest(), signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def _jobs_on(queue: str) -> list[Job]:
+    jobs = Job.objects.select_related("model__gpu_class", "tenant").filter(status__in=SCHEDULABLE)
+    return [job for job in jobs if job_queue(job) == queue]
+
+
+def schedule_queue(queue: str) -> int:
+    """Fill the queue's free places with waiting shards in fair-share order; return how many were sent."""
+    claimed: list[tuple[Job, list[Shard]]] = []
+    with transaction.atomic():
+        _lock_queue(queue)
+        jobs = _jobs_on(queue)
+        if not jobs:
+            return 0
+        counts: dict[str, Counter[str]] = defaultdict(Counter)
+        rows = (
+            Shard.objects.filter(job__in=jobs, status__in=UNSETTLED).values("job_id", "status").annotate(n=Count("id"))
+        )
+        for row in rows:
+            counts[str(row["job_id"])][row["status"]] = row["n"]
+        in_flight = sum(c[ShardStatus.DISPATCHED] for c in counts.values())
+        free = queue_window(queue) - in_flight
+        waiting = [job for job in jobs if counts[str(job.id)][ShardStatus.PENDING] > 0]
+        if not waiting:
+            copies = _speculate(queue, jobs, in_flight) if settings.BATCHERY_SPECULATION else []
+            transaction.on_commit(lambda: _send_copies(copies))
+            return len(copies)
+        if free <= 0:
+            return 0
+        gpu_class_id = waiting[0].model.gpu_class_id
+        chosen, _ = share_out(free, _tenant_queues(waiting, counts, gpu_class_id))
+        by_id = {str(job.id): job for job in waiting}
+        charges: dict[int, float] = defaultdict(float)
+        now = timezone.now()
+        for job_id, count in chosen.items():
+            job = by_id[job_id]
+            shards = list(Shard.objects.filter(job_id=job_id, status=ShardStatus.PENDING).order_by("index")[:count])
+            for shard in shards:
+                shard.status = ShardStatus.DISPATCHED
+                shard.task_id = new_task_id(job, shard)
+                shard.attempt += 1
+                shard.dispatched_at = now
+                charges[job.tenant_id] += shard_cost_estimate(job, shard)
+            Shard.objects.bulk_update(shards, ["status", "task_id", "attempt", "dispatched_at"])
+            claimed.append((job, shards))
+        usage_charge(charges=charges, gpu_class_id=gpu_class_id, now=now)
+    # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
+    # with no message, which the reconciler sends again; the reverse would run shards the database
+    # does not know were sent.
+    for job, shards in claimed:
+        shards_send(job, shards)
+    sent = sum(len(shards) for _, shards in claimed)
+    logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
+    return sent
+
+
+def _speculate(queue: str, jobs: list[Job], in_flight: int) -> list[tuple[Job, Shard]]:
+    """Stragglers: with nothing left to send, each slot that would idle gets a copy of the longest
+    running shard that has none yet (`speculative_task_id`); the first commit wins, and the other
+    attempt stops at its next micro-batch (`tasks.shard_execution`)."""
+    slots = queue_slots(queue)
+    running = Shard.objects.filter(job__in=jobs, status=ShardStatus.DISPATCHED)
+    copied = running.exclude(speculative_task_id="").count()
+    idle = slots - in_flight - copied
+    if idle <= 0:
+        return []
+    by_id = {job.id: job for job in jobs}
+    chosen = list(running.filter(speculative_task_id="").order_by("dispatched_at")[:idle])
+    for shard in chosen:
+        shard.speculative_task_id = f"{new_task_id(by_id[shard.job_id], shard)}-copy"
+    Shard.objects.bulk_update(chosen, ["speculative_task_id"])
+    return [(by_id[shard.job_id], shard) for shard in chosen]
+
+
+def _send_copies(copies: list[tuple[Job, Shard]]) -> None:
+    for job, shard in copies:
+        logger.info("job %s: shard %d straggles; a copy runs beside it", job.id, shard.index)
+        shards_send(job, [shard], copies=True)
+
+
+def _tenant_queues(jobs: list[Job], counts: dict[str, Counter[str]], gpu_class_id: int) -> list[TenantQueue]:
+    usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
+    tenants: dict[int, TenantQueue] = {}
+    for job in jobs:
+        tenant = tenants.setdefault(
+            job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.tenant.weight, usage=usage[job.tenant_id])
+        )
+        pending = counts[str(job.id)][ShardStatus.PENDING]
+        sample = Shard.objects.filter(job=job, status=ShardStatus.PENDING).order_by("index").first()
+        tenant.jobs.append(
+            WaitingJob(
+                job_id=str(job.id),
+                priority=effective_priority(job),
+                created_at=job.created_at.timestamp(),
+                pending=pending,
+                shard_cost=shard_cost_estimate(job, sample) if sample else 0.0,
+            )
+        )
+    return list(tenants.values())
+
+
+def schedule_job(*, job_id: str) -> None:
+    """A job started running (planned, retried): send what its queue has room for; a job without shards merges."""
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+    if job.status not in SCHEDULABLE:
+        logger.info("job %s is %s; not scheduling", job_id, job.status)
+        return
+    if not job.shards.exists():
+        _send_merge(job_id)
+        return
+    schedule_queue(job_queue(job))
+
+
+def schedule_all() -> int:
+    """Fill every queue that has running jobs (the reconciler's sweep: after Redis was lost, say)."""
+    queues = {job_queue(job) for job in Job.objects.select_related("model__gpu_class").filter(status__in=SCHEDULABLE)}
+    return sum(schedule_queue(queue) for queue in sorted(queues))
+
+
+def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
+    """Put shards whose message was lost or whose task was killed back to pending; return how many.
+
+    Each goes back only if it still carries the task id it was last sent with, so two reconcilers
+    cannot both send it. A shard sent too often fails for good instead. The caller schedules.
+    """
+    requeued = 0
+    for shard in shards:
+        if shard.attempt >= SHARD_MAX_DISPATCHES:
+            Shard.objects.filter(pk=shard.pk, task_id=shard.task_id).update(
+                status=ShardStatus.FAILED,
+                error=f"sent {shard.attempt} times and never finished ({reason})",
+                error_codes={"shard_failed": shard.record_count},
+            )
+            continue
+        requeued += Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
+            status=ShardStatus.PENDING
+        )
+    if requeued:
+        logger.warning("job %s: %d shards to send again: %s", job.id, requeued, reason)
+        shards_redispatched_record(job=job, count=requeued)
+    return requeued
+
+
+def shard_finished(*, job_id: str, shard_index: int) -> None:
+    """A shard's task returned or failed (its chord callback): settle it, refill its place, merge when all settled."""
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+    shard = Shard.objects.get(job_id=job_id, index=shard_index)
+    if shard.status in UNSETTLED:
+        settled = shard_settle(job, shard)
+        if settled is Settled.RETRY:
+            shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
+        elif settled is Settled.HELD:
+            shard_hold_back(shard)
+    schedule_queue(job_queue(job))
+    merge_when_settled(job)
+
+
+def shard_hold_back(shard: Shard) -> None:
+    """A shard that arrived while its job was paused waits again; that dispatch does not count."""
+    Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
+        status=ShardStatus.PENDING, attempt=F("attempt") - 1
+    )
+
+
+def merge_when_settled(job: Job) -> bool:
+    """Send the merge of a running job none of whose shards of the current round is unsettled."""
+    if job.status != JobStatus.RUNNING:
+        return False
+    if Shard.objects.filter(job=job, round=job.retry_round, status__in=UNSETTLED).exists():
+        return False
+    _send_merge(str(job.id))
+    return True
+
+
+def _send_merge(job_id: str) -> None:
+    from tasks.merge import merge_job
+
+    merge_job.apply_async((job_id,), queue=CONTROL_QUEUE)

@@ -1,0 +1,132 @@
+"""Settling a shard whose task ended: what its commit marker and its task's result say, on its row.
+
+Called for each shard by its chord callback (`batchery.shard_done`), and by the reconciler's sweep
+for shards whose callback was lost. Deciding to send a shard again is the scheduler's; settling only
+says that it should (`Settled.RETRY`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from celery import states
+from celery.result import AsyncResult
+
+from portal.catalog.throughput import throughput_observe
+from portal.jobs.models import Job, Shard, ShardStatus
+from portal.scheduling.costs import shard_cost_estimate, shard_cost_measured
+from portal.scheduling.usage import usage_charge
+from tasks.app import app
+from tasks.specs import ShardManifest, read_commit
+from tasks.stops import PAUSED
+
+# Failures a new attempt may not repeat: the task was killed or its process died.
+TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})
+UNSETTLED = (ShardStatus.PENDING, ShardStatus.DISPATCHED)
+
+
+class Settled(enum.Enum):
+    COMMITTED = "committed"
+    RUNNING = "running"
+    """No commit and no failure: the task runs, waits in the broker, or was lost (the reconciler judges)."""
+    RETRY = "retry"
+    """The task was killed or its worker lost: the shard may be sent again."""
+    HELD = "held"
+    """The task found its job paused and returned unrun: the shard waits to be sent again, at no cost."""
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    reason: str
+    transient: bool
+
+
+def task_failure(shard: Shard) -> TaskFailure | None:
+    """How a shard's current task failed, or None if it has not failed (it may still be running)."""
+    if not shard.task_id:
+        return None
+    result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
+    if result.state != states.FAILURE:
+        return None
+    exc = result.result
+    name = type(exc).__name__ if isinstance(exc, BaseException) else "Error"
+    reason = f"{name}: {exc}" if isinstance(exc, BaseException) else str(exc)
+    return TaskFailure(reason=reason, transient=name in TRANSIENT_FAILURES)
+
+
+def task_held(shard: Shard) -> bool:
+    """Whether the shard's current task returned unrun because its job was paused."""
+    if not shard.task_id:
+        return False
+    result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
+    value = result.result if result.state == states.SUCCESS else None
+    return isinstance(value, dict) and value.get("skipped") == PAUSED
+
+
+def read_manifest(shard: Shard) -> ShardManifest | None:
+    """The shard's committed manifest; ValueError when it does not account for the shard's records."""
+    manifest = read_commit(shard.prefix_uri)
+    if manifest is not None and manifest.records != shard.record_count:
+        raise ValueError(f"shard {shard.index} committed {manifest.records} records but holds {shard.record_count}")
+    return manifest
+
+
+def shard_record_success(shard: Shard, manifest: ShardManifest) -> bool:
+    """Record the committed attempt on the shard's row; True if this call settled it."""
+    return bool(
+        Shard.objects.filter(pk=shard.pk)
+        .exclude(status=ShardStatus.SUCCEEDED, attempt_id=manifest.attempt_id)
+        .update(
+            status=ShardStatus.SUCCEEDED,
+            attempt_id=manifest.attempt_id,
+            output_uri=manifest.output_uri,
+            errors_uri=manifest.errors_uri,
+            succeeded_records=manifest.succeeded,
+            failed_records=manifest.failed,
+            prompt_tokens=manifest.prompt_tokens,
+            completion_tokens=manifest.completion_tokens,
+            worker=manifest.worker,
+            worker_pid=manifest.pid,
+            cache_hit=manifest.cache_hit,
+            started_at=dt.datetime.fromtimestamp(manifest.started_at, tz=dt.UTC),
+            finished_at=dt.datetime.fromtimestamp(manifest.finished_at, tz=dt.UTC),
+            compute_seconds=manifest.compute_seconds,
+            load_seconds=manifest.load_seconds,
+            error_codes=manifest.error_codes,
+        )
+    )
+
+
+def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed") -> None:
+    """The shard ends without a commit: each of its records becomes an error line coded `code`."""
+    Shard.objects.filter(pk=shard.pk).update(
+        status=ShardStatus.FAILED, error=reason, error_codes={code: shard.record_count}
+    )
+
+
+def shard_settle(job: Job, shard: Shard) -> Settled:
+    """Look at an unsettled shard's commit and task; record what ended, say what is to be done."""
+    manifest = read_manifest(shard)
+    if manifest is not None:
+        if shard_record_success(shard, manifest):
+            correction = shard_cost_measured(job, manifest) - shard_cost_estimate(job, shard)
+            usage_charge(charges={job.tenant_id: correction}, gpu_class_id=job.model.gpu_class_id)
+            throughput_observe(
+                model_id=job.model_id,
+                gpu_class_id=job.model.gpu_class_id,
+                records=manifest.records,
+                chars=shard.input_chars,
+                seconds=manifest.compute_seconds,
+            )
+        return Settled.COMMITTED
+    failure = task_failure(shard)
+    if failure is None:
+        return Settled.HELD if task_held(shard) else Settled.RUNNING
+    if failure.transient:
+        return Settled.RETRY
+    shard_record_failure(shard, reason=failure.reason)
+    return Settled.FAILED

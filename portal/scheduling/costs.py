@@ -1,0 +1,25 @@
+"""What a shard costs in GPU-seconds: estimated when it is sent, measured when it ends.
+
+Fair share charges the estimate when the shard is sent and corrects it by the measurement when the
+shard ends, so that only their difference depends on the estimate's quality.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from portal.jobs.models import Job, Shard
+from tasks.specs import ShardManifest
+
+
+def shard_cost_estimate(job: Job, shard: Shard) -> float:
+    """GPU-seconds the planner expects (from the model's throughput estimate, `portal.catalog.throughput`)."""
+    seconds = shard.estimated_seconds
+    if seconds is None:  # cut before shards were costed
+        seconds = shard.record_count * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD
+    return seconds * job.model.gpus_per_replica
+
+
+def shard_cost_measured(job: Job, manifest: ShardManifest) -> float:
+    """GPU-seconds of the committed attempt, counted as the usage ledger counts them."""
+    return (manifest.compute_seconds + manifest.load_seconds) * job.model.gpus_per_replica

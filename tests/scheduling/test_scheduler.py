@@ -1,0 +1,295 @@
+"""The scheduler against the real database and Redis broker: windows, fair order, settling, the reconciler."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from portal.catalog.models import ModelThroughput
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.reconcile import jobs_reconcile
+from portal.jobs.services.scheduler import schedule_queue, shard_finished
+from portal.scheduling import capacity
+from portal.scheduling.usage import usage_read
+from portal.tenancy.models import FairShareUsage
+from tasks.config import gpu_queue
+from tasks.heartbeat import FLEET_KEY_PREFIX
+from tasks.redis_client import redis_client
+from tasks.specs import ShardManifest, commit_uri
+from tasks.storage import store_for
+from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def gpu_class() -> Iterator[Any]:
+    """A class of its own, so that its queue holds only this test's messages; emptied afterwards."""
+    from tasks.app import app
+
+    gpu_class = GpuClassFactory(name=f"sched{uuid.uuid4().hex[:8]}")
+    capacity._cached = None
+    yield gpu_class
+    with app.connection_for_write() as connection:
+        connection.SimpleQueue(gpu_queue(gpu_class.name)).clear()
+    capacity._cached = None
+
+
+def _running_job(tenant: Any, model: Any, root: Path, *, shards: int, records: int = 10, **fields: Any) -> Job:
+    job = Job.objects.create(
+        tenant=tenant,
+        model=model,
+        status=JobStatus.RUNNING,
+        input_uri="file:///x.jsonl",
+        output_uri=(root / "output.jsonl").as_uri(),
+        shard_size=records,
+        **fields,
+    )
+    for index in range(shards):
+        prefix = root / str(job.pk) / f"shard-{index}"
+        Shard.objects.create(
+            job=job,
+            index=index,
+            first_record=index * records,
+            record_count=records,
+            input_uri=(prefix / "input.jsonl").as_uri(),
+            prefix_uri=prefix.as_uri(),
+            estimated_seconds=1.0,
+        )
+    return job
+
+
+def _dispatched(job: Job) -> int:
+    return job.shards.filter(status=ShardStatus.DISPATCHED).count()
+
+
+def _commit(shard: Shard, *, compute_seconds: float) -> None:
+    manifest = ShardManifest(
+        job_id=str(shard.job_id),
+        shard_index=shard.index,
+        attempt_id=uuid.uuid4().hex,
+        worker="w@test",
+        pid=1,
+        output_uri=shard.prefix_uri + "/out.jsonl",
+        errors_uri=shard.prefix_uri + "/errors.jsonl",
+        records=shard.record_count,
+        succeeded=shard.record_count,
+        failed=0,
+        started_at=time.time() - compute_seconds,
+        finished_at=time.time(),
+        compute_seconds=compute_seconds,
+        load_seconds=0.0,
+        cache_hit=True,
+        model_loads=1,
+    )
+    uri = commit_uri(shard.prefix_uri)
+    store_for(uri).put_if_absent(uri, orjson.dumps(manifest.to_dict()))
+
+
+def test_a_queue_gets_no_more_than_its_window_shared_by_weight(gpu_class: Any, tmp_path: Path, settings: Any) -> None:
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 8
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    heavy = _running_job(TenantFactory(name="heavy", weight=3), model, tmp_path, shards=20)
+    light = _running_job(TenantFactory(name="light", weight=1), model, tmp_path, shards=20)
+
+    assert schedule_queue(gpu_queue(gpu_class.name)) == 8
+    assert schedule_queue(gpu_queue(gpu_class.name)) == 0, "the window is full"
+
+    assert (_dispatched(heavy), _dispatched(light)) == (6, 2)
+    usage = usage_read(tenant_ids=[heavy.tenant_id, light.tenant_id], gpu_class_id=gpu_class.pk)
+    assert usage[heavy.tenant_id] == pytest.approx(6.0, rel=0.01)
+    assert usage[light.tenant_id] == pytest.approx(2.0, rel=0.01)
+
+
+def test_the_window_is_two_shards_for_each_live_slot_that_consumes_the_queue(gpu_class: Any, tmp_path: Path) -> None:
+    queue = gpu_queue(gpu_class.name)
+    client = redis_client()
+    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(3)]
+    for key in keys:
+        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
+    try:
+        model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+        job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=20)
+        assert schedule_queue(queue) == 6
+        assert _dispatched(job) == 6
+    finally:
+        client.delete(*keys)
+
+
+def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refilled(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 2
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=3)
+    schedule_queue(gpu_queue(gpu_class.name))
+    first = job.shards.get(index=0)
+    _commit(first, compute_seconds=4.0)
+
+    shard_finished(job_id=str(job.pk), shard_index=0)
+
+    first.refresh_from_db()
+    assert (first.status, first.compute_seconds) == (ShardStatus.SUCCEEDED, 4.0)
+    assert job.shards.get(index=2).status == ShardStatus.DISPATCHED, "the freed place went to the next shard"
+    # Charged 1 s estimate for each of three shards sent, then corrected by the 3 s the first took beyond it.
+    assert usage_read(tenant_ids=[job.tenant_id], gpu_class_id=gpu_class.pk)[job.tenant_id] == pytest.approx(
+        6.0, rel=0.01
+    )
+    assert ModelThroughput.objects.get(model=model, gpu_class=gpu_class).observations == 1
+
+
+def test_the_merge_is_sent_once_no_shard_of_the_job_is_unsettled(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from portal.jobs.services import scheduler
+
+    merges: list[str] = []
+    monkeypatch.setattr(scheduler, "_send_merge", merges.append)
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)
+    schedule_queue(gpu_queue(gpu_class.name))
+    for shard in job.shards.order_by("index"):
+        _commit(shard, compute_seconds=1.0)
+        shard_finished(job_id=str(job.pk), shard_index=shard.index)
+        merges_expected = [str(job.pk)] if shard.index == 1 else []
+        assert merges == merges_expected
+
+
+def test_one_job_with_an_impossible_commit_fails_alone_and_the_sweep_goes_on(gpu_class: Any, tmp_path: Path) -> None:
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    tenant = TenantFactory(name="solo")
+    broken = _running_job(tenant, model, tmp_path, shards=1)
+    healthy = _running_job(tenant, model, tmp_path, shards=1)
+    schedule_queue(gpu_queue(gpu_class.name))
+    bad = broken.shards.get()
+    _commit(bad, compute_seconds=1.0)
+    Shard.objects.filter(pk=bad.pk).update(record_count=99)  # the commit no longer accounts for the shard
+    _commit(healthy.shards.get(), compute_seconds=1.0)
+
+    try:
+        report = jobs_reconcile()
+    finally:
+        from tasks.app import app
+
+        with app.connection_for_write() as connection:
+            connection.SimpleQueue("control").clear()  # the merge it sent; no worker runs here
+
+    broken.refresh_from_db()
+    assert broken.status == JobStatus.FAILED
+    assert "committed 10 records but holds 99" in broken.error
+    assert healthy.shards.get().status == ShardStatus.SUCCEEDED
+    assert (report.failed_jobs, report.merged) == (1, 1)
+
+
+def test_a_job_whose_storage_cannot_be_read_is_left_for_the_next_sweep_and_the_others_go_on(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    tenant = TenantFactory(name="solo")
+    unreachable = _running_job(tenant, model, tmp_path, shards=1)
+    healthy = _running_job(tenant, model, tmp_path, shards=1)
+    schedule_queue(gpu_queue(gpu_class.name))
+    Shard.objects.filter(job=unreachable).update(prefix_uri="gs://elsewhere/shard-0")  # no store serves gs://
+    _commit(healthy.shards.get(), compute_seconds=1.0)
+
+    try:
+        report = jobs_reconcile()
+    finally:
+        from tasks.app import app
+
+        with app.connection_for_write() as connection:
+            connection.SimpleQueue("control").clear()
+
+    unreachable.refresh_from_db()
+    assert unreachable.status == JobStatus.RUNNING, "a passing fault is no reason to fail the job"
+    assert healthy.shards.get().status == ShardStatus.SUCCEEDED
+    assert (report.failed_jobs, report.merged) == (0, 1)
+
+
+def test_usage_lives_in_postgresql_and_decays(gpu_class: Any, settings: Any) -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from portal.scheduling.usage import usage_charge
+
+    settings.BATCHERY_FAIR_SHARE_HALF_LIFE_S = 60
+    tenant = TenantFactory(name="solo")
+    then = timezone.now() - dt.timedelta(seconds=120)
+    usage_charge(charges={tenant.pk: 40.0}, gpu_class_id=gpu_class.pk, now=then)
+
+    assert FairShareUsage.objects.get(tenant=tenant).usage == 40.0
+    assert usage_read(tenant_ids=[tenant.pk], gpu_class_id=gpu_class.pk)[tenant.pk] == pytest.approx(10.0, rel=0.01)
+    assert Counter(usage_read(tenant_ids=[tenant.pk, tenant.pk + 1000], gpu_class_id=gpu_class.pk).values())[0.0] == 1
+
+
+def test_a_shard_that_arrived_while_its_job_was_paused_waits_again_at_no_cost(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    from celery import states
+
+    from portal.jobs.services.pause import job_pause, job_resume
+    from tasks.app import app
+
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 1
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)
+    queue = gpu_queue(gpu_class.name)
+    schedule_queue(queue)
+    first = job.shards.get(index=0)
+    job = job_pause(job=job)
+    app.backend.store_result(
+        first.task_id, {"job_id": str(job.pk), "shard_index": 0, "skipped": "paused"}, states.SUCCESS
+    )
+
+    shard_finished(job_id=str(job.pk), shard_index=0)
+
+    first.refresh_from_db()
+    assert (first.status, first.attempt) == (ShardStatus.PENDING, 0)
+    assert _dispatched(job) == 0, "nothing of a paused job is sent"
+    job_resume(job=job)
+    assert _dispatched(job) == 1
+    assert job.shards.get(index=0).status == ShardStatus.DISPATCHED
+
+
+def test_with_nothing_left_to_send_idle_slots_get_one_copy_of_each_longest_running_shard(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 8  # four slots, as no heartbeat says otherwise
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)
+    queue = gpu_queue(gpu_class.name)
+    assert schedule_queue(queue) == 2
+    Shard.objects.filter(job=job, index=1).update(dispatched_at=timezone.now() - dt.timedelta(seconds=30))
+
+    assert schedule_queue(queue) == 2, "two running shards, two idle slots: a copy of each"
+    first, second = job.shards.order_by("index")
+    assert first.speculative_task_id.endswith("-copy") and second.speculative_task_id.endswith("-copy")
+    assert schedule_queue(queue) == 0, "never a second copy of a shard"
+
+
+def test_no_copy_while_shards_wait_to_be_sent_or_with_speculation_off(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 8
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=10)
+    queue = gpu_queue(gpu_class.name)
+    assert schedule_queue(queue) == 8
+    Shard.objects.filter(job=job, status=ShardStatus.PENDING).delete()
+    Shard.objects.filter(job=job, index__gte=2).update(status=ShardStatus.SUCCEEDED)
+    settings.BATCHERY_SPECULATION = False
+    assert schedule_queue(queue) == 0
+    assert not job.shards.exclude(speculative_task_id="").exists()
