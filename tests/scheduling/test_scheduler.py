@@ -16,7 +16,7 @@ import pytest
 from portal.catalog.models import ModelThroughput
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.reconcile import jobs_reconcile
-from portal.jobs.services.scheduler import schedule_queue, shard_finished
+from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
 from portal.scheduling import capacity
 from portal.scheduling.usage import usage_read
 from portal.tenancy.models import FairShareUsage
@@ -255,9 +255,33 @@ def test_a_shard_that_arrived_while_its_job_was_paused_waits_again_at_no_cost(
     first.refresh_from_db()
     assert (first.status, first.attempt) == (ShardStatus.PENDING, 0)
     assert _dispatched(job) == 0, "nothing of a paused job is sent"
+    assert usage_read(tenant_ids=[job.tenant_id], gpu_class_id=gpu_class.pk)[job.tenant_id] == pytest.approx(
+        0, abs=1e-3
+    )
     job_resume(job=job)
     assert _dispatched(job) == 1
     assert job.shards.get(index=0).status == ShardStatus.DISPATCHED
+
+
+def test_shards_whose_messages_were_lost_go_back_uncharged_and_are_charged_once_when_sent_again(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    lost, kept = TenantFactory(name="lost"), TenantFactory(name="kept")
+    lost_job = _running_job(lost, model, tmp_path, shards=2)
+    _running_job(kept, model, tmp_path, shards=2)
+    queue = gpu_queue(gpu_class.name)
+    schedule_queue(queue)
+
+    requeued = shards_requeue(job=lost_job, shards=list(lost_job.shards.all()), reason="Redis restarted empty")
+    after_loss = usage_read(tenant_ids=[lost.pk, kept.pk], gpu_class_id=gpu_class.pk)
+    schedule_queue(queue)
+    after_resend = usage_read(tenant_ids=[lost.pk, kept.pk], gpu_class_id=gpu_class.pk)
+
+    assert requeued == 2
+    assert after_loss[lost.pk] == pytest.approx(0, abs=1e-3)
+    assert after_loss[kept.pk] == pytest.approx(2.0, rel=0.01)
+    assert after_resend[lost.pk] == pytest.approx(after_resend[kept.pk], rel=0.01), "each shard charged once"
 
 
 def test_with_nothing_left_to_send_idle_slots_get_one_copy_of_each_longest_running_shard(

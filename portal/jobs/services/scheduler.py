@@ -176,7 +176,7 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
     Each goes back only if it still carries the task id it was last sent with, so two reconcilers
     cannot both send it. A shard sent too often fails for good instead. The caller schedules.
     """
-    requeued = 0
+    requeued: list[Shard] = []
     for shard in shards:
         if shard.attempt >= SHARD_MAX_DISPATCHES:
             Shard.objects.filter(pk=shard.pk, task_id=shard.task_id).update(
@@ -185,13 +185,15 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
                 error_codes={"shard_failed": shard.record_count},
             )
             continue
-        requeued += Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
+        if Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
             status=ShardStatus.PENDING
-        )
+        ):
+            requeued.append(shard)
     if requeued:
-        logger.warning("job %s: %d shards to send again: %s", job.id, requeued, reason)
-        shards_redispatched_record(job=job, count=requeued)
-    return requeued
+        logger.warning("job %s: %d shards to send again: %s", job.id, len(requeued), reason)
+        shards_redispatched_record(job=job, count=len(requeued))
+        _refund(job, requeued)
+    return len(requeued)
 
 
 def shard_finished(*, job_id: str, shard_index: int) -> None:
@@ -210,9 +212,17 @@ def shard_finished(*, job_id: str, shard_index: int) -> None:
 
 def shard_hold_back(shard: Shard) -> None:
     """A shard that arrived while its job was paused waits again; that dispatch does not count."""
-    Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
+    if Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
         status=ShardStatus.PENDING, attempt=F("attempt") - 1
-    )
+    ):
+        _refund(Job.objects.select_related("model").get(pk=shard.job_id), [shard])
+
+
+def _refund(job: Job, shards: Sequence[Shard]) -> None:
+    """Take back the estimate charged when the shards were sent: they go back unrun, and are charged
+    again when sent again. Without this, a tenant whose messages were lost would pay for them twice."""
+    estimate = sum(shard_cost_estimate(job, shard) for shard in shards)
+    usage_charge(charges={job.tenant_id: -estimate}, gpu_class_id=job.model.gpu_class_id)
 
 
 def merge_when_settled(job: Job) -> bool:

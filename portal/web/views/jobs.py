@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,56 +223,50 @@ def job_live(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> H
     return page(request, portal, "web/_job_live.html", _job_context(portal, _job(portal, job_id)))
 
 
+def _job_action(
+    request: HttpRequest,
+    portal: PortalAccess,
+    job_id: uuid.UUID,
+    act: Callable[..., object],
+    refused: type[Exception],
+    done: str,
+) -> HttpResponse:
+    """Run one of the job's actions; say what it did, or why it was refused, on the job's page."""
+    job = _job(portal, job_id)
+    try:
+        act(job=job, actor=_user(request))
+    except refused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, done)
+    return redirect("web:job", job_id=job.pk)
+
+
 @require_POST
 @tenant_view(role=Membership.Role.MEMBER)
 def job_cancel_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    job = _job(portal, job_id)
-    try:
-        job_cancel(job=job, actor=_user(request))
-    except CannotStop as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, "Cancelling: running shards stop at their next batch; finished work is kept.")
-    return redirect("web:job", job_id=job.pk)
+    done = "Cancelling: running shards stop at their next batch; finished work is kept."
+    return _job_action(request, portal, job_id, job_cancel, CannotStop, done)
 
 
 @require_POST
 @tenant_view(role=Membership.Role.MEMBER)
 def job_pause_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    job = _job(portal, job_id)
-    try:
-        job_pause(job=job, actor=_user(request))
-    except CannotPause as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, "Paused: no new shard starts; running shards finish. The deadline keeps running.")
-    return redirect("web:job", job_id=job.pk)
+    done = "Paused: no new shard starts; running shards finish. The deadline keeps running."
+    return _job_action(request, portal, job_id, job_pause, CannotPause, done)
 
 
 @require_POST
 @tenant_view(role=Membership.Role.MEMBER)
 def job_resume_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    job = _job(portal, job_id)
-    try:
-        job_resume(job=job, actor=_user(request))
-    except CannotPause as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, "Resumed.")
-    return redirect("web:job", job_id=job.pk)
+    return _job_action(request, portal, job_id, job_resume, CannotPause, "Resumed.")
 
 
 @require_POST
 @tenant_view(role=Membership.Role.MEMBER)
 def job_retry_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    job = _job(portal, job_id)
-    try:
-        job_retry(job=job, actor=_user(request))
-    except CannotRetry as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Retrying the {job.failed_records:,} failed records.")
-    return redirect("web:job", job_id=job.pk)
+    done = f"Retrying the {_job(portal, job_id).failed_records:,} failed records."
+    return _job_action(request, portal, job_id, job_retry, CannotRetry, done)
 
 
 @tenant_view()
