@@ -5,6 +5,10 @@ byte budget (`settings.cache_budget_bytes`). Before a load, models are evicted u
 fits. Its size is known only once it has been loaded, so a model never loaded in this process is
 assumed to need the whole budget: on its first load every other model goes, which on a GPU is the
 safe guess; later loads of it evict only what its measured size requires.
+
+A model whose weights came from the host's disk cache (an ``s3://`` source) keeps that cache entry
+held from the start of its load until it is unloaded here, so no slot of the host deletes the files
+under a loaded model (see `gpuworkers.weights.holds`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from gpuworkers import metrics, settings
 from gpuworkers.engines.base import Engine, create_engine
 from gpuworkers.spec import ModelSpec
+from gpuworkers.weights.holds import LoadScope, load_scope
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,14 @@ class CacheStats:
 class _Entry:
     engine: Engine
     size: int
+    weights: LoadScope
+    """The disk cache entries the engine's weights came from, held until it is unloaded."""
+
+    def unload(self) -> None:
+        try:
+            self.engine.unload()
+        finally:
+            self.weights.release()
 
 
 class ModelCache:
@@ -96,16 +109,18 @@ class ModelCache:
             budget = self._budget_for(device)
             self._evict_until_free(self._known_sizes.get(key, budget), budget)
             started = time.perf_counter()
-            try:
-                engine = self._engine_factory(spec)
-                engine.load(device=device)
-            except BaseException:
-                metrics.MODEL_LOAD_FAILURES.labels(*metrics.model_labels(spec.name)).inc()
-                self._publish_bytes()
-                raise
+            with load_scope(spec.name) as weights:
+                try:
+                    engine = self._engine_factory(spec)
+                    engine.load(device=device)
+                except BaseException:
+                    weights.release()
+                    metrics.MODEL_LOAD_FAILURES.labels(*metrics.model_labels(spec.name)).inc()
+                    self._publish_bytes()
+                    raise
             load_seconds = time.perf_counter() - started
             size = engine.memory_bytes()
-            self._entries[key] = _Entry(engine=engine, size=size)
+            self._entries[key] = _Entry(engine=engine, size=size, weights=weights)
             self._known_sizes[key] = size
             self._load_counts[key] += 1
             metrics.MODEL_LOADS.labels(*metrics.model_labels(spec.name)).inc()
@@ -144,7 +159,7 @@ class ModelCache:
         with self._lock:
             while self._entries:
                 _, entry = self._entries.popitem(last=False)
-                entry.engine.unload()
+                entry.unload()
             self._publish_bytes()
 
     def _budget_for(self, device: str) -> int:
@@ -165,7 +180,7 @@ class ModelCache:
             if key == keep:
                 continue
             entry = self._entries.pop(key)
-            entry.engine.unload()
+            entry.unload()
             self._evictions += 1
             metrics.MODEL_CACHE_EVICTIONS.labels(*metrics.model_labels(key[0])).inc()
             logger.info("evicted model %s:%s (%d bytes) from the warm cache", *key, entry.size)

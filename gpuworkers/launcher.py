@@ -48,7 +48,8 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
     return [
         sys.executable,
         "-m",
-        "celery",
+        # Celery's command line with Django's import refused: a slot needs only the broker and the store.
+        "tasks.slot_worker",
         "--app",
         app,
         *quiet,
@@ -80,6 +81,8 @@ def worker_env(
 ) -> dict[str, str]:
     env = dict(base)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    # Set where the launcher runs beside the portal (`manage.py up`); Celery would set Django up in the slot.
+    env.pop("DJANGO_SETTINGS_MODULE", None)
     if metrics_dir is not None:
         # Read by prometheus_client when the slot first imports it: every process of every slot
         # writes its own files there, and the launcher's /metrics sums them.
@@ -133,7 +136,7 @@ class Launcher:
         self,
         slots: list[Slot],
         *,
-        app: str = "tasks.app",
+        app: str = "tasks.slot_app",
         loglevel: str = "INFO",
         preload: list[str] | None = None,
         metrics: MetricsOptions | None = None,

@@ -29,6 +29,7 @@ MODEL_LABELS = (*SLOT_LABELS, "model")
 MICRO_BATCH_BUCKETS = tuple(float(2**n) for n in range(13))
 SHARD_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 MODEL_LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+WEIGHTS_DOWNLOAD_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 
 SLOT_BUSY_SECONDS = Counter("batchery_slot_busy_seconds", "Time the slot spent running a shard.", SLOT_LABELS)
 SLOT_IDLE_SECONDS = Counter(
@@ -64,10 +65,37 @@ MODEL_CACHE_BYTES = Gauge(
     "batchery_model_cache_bytes", "Bytes the slot's loaded models hold.", SLOT_LABELS, multiprocess_mode="livesum"
 )
 
+# The host's weight cache (`gpuworkers.weights`): s3:// model sources on local disk, shared by the slots.
+WEIGHTS_CACHE_HITS = Counter(
+    "batchery_weights_cache_hits", "s3:// model sources found on the host's disk cache, not downloaded.", MODEL_LABELS
+)
+WEIGHTS_CACHE_MISSES = Counter(
+    "batchery_weights_cache_misses", "s3:// model sources downloaded into the host's disk cache.", MODEL_LABELS
+)
+WEIGHTS_DOWNLOAD_BYTES = Counter(
+    "batchery_weights_download_bytes", "Bytes of model weights downloaded and checked.", MODEL_LABELS
+)
+WEIGHTS_DOWNLOAD_DURATION = Histogram(
+    "batchery_weights_download_duration_seconds", "Time to download and check one model's weights.", MODEL_LABELS,
+    buckets=WEIGHTS_DOWNLOAD_BUCKETS,
+)  # fmt: skip
+WEIGHTS_DOWNLOAD_FAILURES = Counter(
+    "batchery_weights_download_failures", "s3:// model sources that could not be listed or downloaded.", MODEL_LABELS
+)
+WEIGHTS_CACHE_EVICTIONS = Counter(
+    "batchery_weights_cache_evictions", "Entries deleted from the host's disk cache to make room.", SLOT_LABELS
+)
+# One disk per host, seen by every slot: the latest reading of any of them is the host's, even a dead one's.
+WEIGHTS_CACHE_BYTES = Gauge(
+    "batchery_weights_cache_bytes", "Bytes of model weights on the host's disk cache.", ("host",),
+    multiprocess_mode="mostrecent",
+)  # fmt: skip
+
 DEFINED = (
     SLOT_BUSY_SECONDS, SLOT_IDLE_SECONDS, SLOT_RECORDS, SLOT_TOKENS, MICRO_BATCH_SIZE, SHARD_ATTEMPTS,
     SHARD_DURATION, OOM_SPLITS, MODEL_LOADS, MODEL_LOAD_FAILURES, MODEL_LOAD_DURATION, MODEL_CACHE_HITS,
-    MODEL_CACHE_EVICTIONS, MODEL_CACHE_BYTES,
+    MODEL_CACHE_EVICTIONS, MODEL_CACHE_BYTES, WEIGHTS_CACHE_HITS, WEIGHTS_CACHE_MISSES, WEIGHTS_DOWNLOAD_BYTES,
+    WEIGHTS_DOWNLOAD_DURATION, WEIGHTS_DOWNLOAD_FAILURES, WEIGHTS_CACHE_EVICTIONS, WEIGHTS_CACHE_BYTES,
 )  # fmt: skip
 """Every metric a slot process records, so that the launcher can describe those with no sample yet."""
 

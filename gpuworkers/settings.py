@@ -15,12 +15,19 @@ it starts the worker and tests can change it with ``monkeypatch.setenv``. A bad 
 ``BATCHERY_METRICS_PORT``, ``BATCHERY_METRICS_ADDRESS``, ``BATCHERY_METRICS_DIR``
     Where the launcher serves the host's ``/metrics`` (default port 9310 on every interface; 0 serves
     none), and the slots' multiprocess directory (default: a new temporary one, emptied at start).
+``BATCHERY_MODEL_CACHE_DIR``, ``BATCHERY_MODEL_CACHE_BYTES``
+    Where the host keeps the weights of ``s3://`` model sources (default ``$XDG_CACHE_HOME/batchery/models``,
+    else ``~/.cache/batchery/models``) and the disk bytes it may hold there (default 100 GiB).
+``BATCHERY_MODEL_DOWNLOAD_PART_BYTES``, ``BATCHERY_MODEL_DOWNLOAD_CONCURRENCY``
+    Files larger than the part size (default 64 MiB) are fetched as that many parallel ranged GETs
+    (default 8) at a time.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 GIB = 1024**3
 
@@ -119,3 +126,28 @@ def metrics_address() -> str:
 def metrics_dir() -> str:
     """The slots' multiprocess directory; empty: a new temporary directory per launch."""
     return env_str("BATCHERY_METRICS_DIR", "")
+
+
+MODEL_CACHE_BYTES = 100 * GIB
+"""The weight cache's disk budget when ``BATCHERY_MODEL_CACHE_BYTES`` is unset: a few large models."""
+
+
+def model_cache_dir() -> Path:
+    """Where the weights of ``s3://`` model sources are cached on this host (``BATCHERY_MODEL_CACHE_DIR``)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchery" / "models"
+    return Path(env_str("BATCHERY_MODEL_CACHE_DIR", str(default))).expanduser()
+
+
+def model_cache_bytes() -> int:
+    """Disk bytes the weight cache may hold (``BATCHERY_MODEL_CACHE_BYTES``); entries in use may exceed it."""
+    return env_int("BATCHERY_MODEL_CACHE_BYTES", MODEL_CACHE_BYTES, minimum=1)
+
+
+def model_download_part_bytes() -> int:
+    """Size of each ranged GET, and the size above which a file is fetched in parts."""
+    return env_int("BATCHERY_MODEL_DOWNLOAD_PART_BYTES", 64 * 1024**2, minimum=1024**2)
+
+
+def model_download_concurrency() -> int:
+    """Ranged GETs of one file in flight at a time."""
+    return env_int("BATCHERY_MODEL_DOWNLOAD_CONCURRENCY", 8, minimum=1)

@@ -1,7 +1,8 @@
 """Where a model's weights come from: a catalog source string resolved to a local directory.
 
-Weights come from disk or from a package that ships them (later from S3), never from a model hub
-at run time; `forbid_hub_downloads` makes the Hugging Face libraries fail instead of downloading.
+Weights come from disk, from a package that ships them, or from an ``s3://`` prefix through the
+host's weight cache (`gpuworkers.weights`), never from a model hub at run time;
+`forbid_hub_downloads` makes the Hugging Face libraries fail instead of downloading.
 """
 
 from __future__ import annotations
@@ -12,14 +13,19 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.weights.resolve import resolve_s3_source
 
 
 def resolve_model_source(source: str) -> Path:
     """The local directory that holds the weights ``source`` names.
 
     ``package:NAME`` is the directory package NAME's ``get_model_path()`` returns, or the package's
-    own directory; ``file:///abs/path`` and plain paths are local directories.
+    own directory; ``file:///abs/path`` and plain paths are local directories; ``s3://bucket/prefix/``
+    is this host's cached copy of the prefix, downloaded when missing and kept from eviction while
+    the model loading now stays loaded.
     """
+    if source.startswith("s3://"):
+        return resolve_s3_source(source)
     if source.startswith("package:"):
         path = _package_directory(source, source.removeprefix("package:"))
     elif source.startswith("file://"):

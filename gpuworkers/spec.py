@@ -18,12 +18,13 @@ class ModelSpec:
     version: str
     """Catalog version; the warm cache keys on (name, version)."""
     engine: str
-    """Engine name: ``sentence_transformers``, ``transformers``, ``python``, later ``vllm``."""
+    """Engine name: ``sentence_transformers``, ``transformers``, ``python`` or ``vllm``."""
     task: str
     """``embed``, ``generate``, ``chat`` or ``classify``."""
     source: str
-    """Where the weights are: a local path, ``file:///path`` or ``package:NAME`` (a package that ships them);
-    for the ``python`` engine, the entry point ``package.module:factory`` that builds the model."""
+    """Where the weights are: a local path, ``file:///path``, ``package:NAME`` (a package that ships them)
+    or ``s3://bucket/prefix/`` (fetched into the host's weight cache, `gpuworkers.weights`); for the
+    ``python`` engine, the entry point ``package.module:factory`` that builds the model."""
     gpus_per_replica: int = 1
     """GPUs one replica needs (tensor parallel size)."""
     load_params: dict[str, Any] = field(default_factory=dict)

@@ -6,13 +6,14 @@ set DATABASE_URL to PostgreSQL.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 
 from tasks.config import storage_url, var_dir
-from tasks.env import env_bool, env_float, env_int, env_list, env_str
+from tasks.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
@@ -22,6 +23,32 @@ SECRET_KEY = env_str("SECRET_KEY", "insecure-local-development-key-change-me")
 if not DEBUG and SECRET_KEY.startswith("insecure-") and env_bool("BATCHERY_REQUIRE_SECRET_KEY", default=False):
     raise RuntimeError("SECRET_KEY must be set in production (BATCHERY_REQUIRE_SECRET_KEY is on)")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+# Origins (scheme://host[:port]) whose forms may POST here besides the portal's own host: needed
+# when the proxy in front rewrites the Host header.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS behind a TLS-terminating proxy (an ingress, a load balancer, Caddy in deploy/compose). Off by
+# default because `up` serves plain HTTP on 127.0.0.1; the deployment files turn every one on, and
+# `manage.py check --deploy` names any they miss.
+_PROXY_SSL_HEADER = env_str("SECURE_PROXY_SSL_HEADER")
+# The header the proxy sets to "https" (e.g. X-Forwarded-Proto). The proxy must overwrite a client's
+# own copy of it, or a client on plain HTTP could pass as HTTPS.
+if _PROXY_SSL_HEADER and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", _PROXY_SSL_HEADER):
+    raise ImproperlyConfiguredEnv(
+        f"SECURE_PROXY_SSL_HEADER={_PROXY_SSL_HEADER!r} is not a header name (such as X-Forwarded-Proto)"
+    )
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None
+)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+# Kubelet probes and Prometheus reach a portal process over plain HTTP from inside the site, past
+# the proxy; a redirect to https:// would fail them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

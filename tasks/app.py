@@ -1,7 +1,8 @@
-"""The Celery application shared by the portal, the control worker and the GPU workers.
+"""The Celery app shared by the portal, the control worker and the GPU workers.
 
-Importing it needs no Django: GPU workers load only `tasks.run_shard`; control tasks set Django up
-on first use (`tasks.control.ControlTask`).
+Importing it needs no Django. The control side (portal, control worker, beat, Flower) loads it as
+it is, with every task; a GPU host's slots load `tasks.slot_app`, which registers the slot's tasks
+alone, since the control tasks import Django and a GPU host has no database.
 """
 
 from __future__ import annotations
@@ -11,14 +12,11 @@ from celery import Celery
 from tasks import logging_setup  # noqa: F401  (json logs; each task's job on its records)
 from tasks.config import celery_settings
 
+SLOT_TASK_MODULES = ("tasks.run_shard", "tasks.diagnostics")
+"""Tasks of GPU (and `cpu`) queues: no database, only the broker and the store."""
+CONTROL_TASK_MODULES = ("tasks.plan", "tasks.merge", "tasks.shard_done", "tasks.reconcile", "tasks.finalize_batch")
+"""Tasks of the `control` queue, near the database (`tasks.control.ControlTask`)."""
+
 app = Celery("batchery")
 app.conf.update(celery_settings())
-app.conf.include = [
-    "tasks.plan",
-    "tasks.run_shard",
-    "tasks.merge",
-    "tasks.shard_done",
-    "tasks.reconcile",
-    "tasks.diagnostics",
-    "tasks.finalize_batch",
-]
+app.conf.include = [*SLOT_TASK_MODULES, *CONTROL_TASK_MODULES]

@@ -1,8 +1,10 @@
-"""`batchery.slot_info`: what a slot's worker process sees (devices, hostname), for operators and tests."""
+"""`batchery.slot_info`: what a slot's worker process sees (devices, hostname, Django loaded or not), for operators
+and tests."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -19,4 +21,6 @@ def slot_info(self: Any, pause_s: float = 0.0) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slot": os.environ.get("BATCHERY_SLOT"),
         "queue": (self.request.delivery_info or {}).get("routing_key"),
+        # A GPU host imports no Django (`tasks.slot_worker`); this shows it from the slot itself.
+        "django_imported": "django" in sys.modules,
     }

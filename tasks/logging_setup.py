@@ -120,7 +120,7 @@ def _say_as_json(msg: str, f: IO[str] | None = None) -> None:
         os.write(stream.fileno(), line.encode())
 
 
-def _prepare_worker(instance: Any = None, **_: Any) -> None:
+def _prepare_worker(instance: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> None:
     # Celery prints two things outside logging. The startup banner: control workers are started by
     # deploy units and `manage.py up` with flags of their own, so the worker is made quiet here
     # rather than by `--quiet` everywhere. The shutdown notices of its signal handlers: sent through
@@ -128,6 +128,9 @@ def _prepare_worker(instance: Any = None, **_: Any) -> None:
     if instance is not None:
         instance.quiet = True
     celery_worker.safe_say = _say_as_json  # type: ignore[attr-defined]  # not in celery-types
+    # Celery warns about running as root right after this signal, before it sets logging up; a
+    # control worker's Django settings have set it up by then, a slot (no Django) has not.
+    configure_logging((options or {}).get("loglevel") or logging.INFO)
 
 
 # A logger's filter sees the records logged on that very logger; this is the one that says "received".

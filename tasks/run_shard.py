@@ -16,6 +16,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 from gpuworkers.faults import StickyDeviceError, raised_from
+from gpuworkers.weights import WeightsUnavailableError
 from tasks import heartbeat, preload, slot_metrics  # noqa: F401  (connect the slot's heartbeat, preloading and clock to its start)
 from tasks.app import app
 from tasks.shard_execution import execute_shard
@@ -35,7 +36,9 @@ INTERRUPTED_EXIT_CODE = 75  # EX_TEMPFAIL
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
-    autoretry_for=(TransientStorageError,),
+    # The store was unreachable for a moment (shard data, or a model's weights): the same message
+    # runs again after a backoff.
+    autoretry_for=(TransientStorageError, WeightsUnavailableError),
     retry_backoff=True,
     retry_backoff_max=60,
     max_retries=5,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
@@ -33,3 +34,13 @@ class ApiKeyAuthentication(BaseAuthentication):
     def authenticate_header(self, request: Request) -> str:
         # Naming a scheme makes DRF answer 401 (not 403) to a request without credentials.
         return 'Bearer realm="batchery"'
+
+
+class ApiKeySchemeExtension(OpenApiAuthenticationExtension):
+    """The schema's `Authorization: Bearer <API key>` security scheme, so clients generated from it send the key."""
+
+    target_class = ApiKeyAuthentication
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "An API key, as `Authorization: Bearer <key>`."}

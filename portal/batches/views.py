@@ -89,7 +89,7 @@ def _page(request: Request, queryset: QuerySet[Any], render: Any) -> Response:
 class FilesView(APIView):
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="v1_files_list", tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         files = File.objects.filter(tenant=request_access(request).tenant)
         purpose = request.query_params.get("purpose")
@@ -152,7 +152,7 @@ class FileContentView(FileView):
 class BatchesView(APIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="v1_batches_list", tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         batches = (
             Batch.objects.select_related("job__model")

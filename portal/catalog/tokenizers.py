@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 TOKENIZED_ENGINES = frozenset({Model.Engine.TRANSFORMERS, Model.Engine.VLLM, Model.Engine.SENTENCE_TRANSFORMERS})
 LENGTH_PARAMS = ("max_seq_length", "max_model_len")
 """Load params that set the most tokens an input may hold: sentence-transformers', vLLM's."""
+REMOTE_SOURCE_PREFIXES = ("s3://",)
 # A tokenizer that does not know its model's length says int(1e30); nothing real comes near this.
 SANE_MAX_LENGTH = 1_000_000
 
@@ -92,6 +93,10 @@ def _message_texts(messages: Any) -> list[str]:
 def token_counter(model: Model) -> TokenCounter | None:
     """The model's token counter; None for an engine without a tokenizer, or one that will not load (logged)."""
     if model.engine not in TOKENIZED_ENGINES:
+        return None
+    if model.source.startswith(REMOTE_SOURCE_PREFIXES):
+        # Resolving it would download every weight file onto the control host for a few tokenizer files.
+        logger.info("no tokens counted for model %s: its weights are in object storage (%s)", model, model.source)
         return None
     try:
         tokenizer, configured = _load(model.source)

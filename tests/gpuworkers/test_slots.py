@@ -21,6 +21,14 @@ def test_four_gpus_in_slots_of_two_consume_the_x2_queue_of_their_class() -> None
     assert command[command.index("--hostname") + 1] == "slot1-test@h"
 
 
+def test_a_slot_runs_the_slot_app_without_django_even_where_the_launcher_has_django_settings() -> None:
+    (slot,) = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None)
+    env = worker_env(slot, {"PATH": "/bin", "DJANGO_SETTINGS_MODULE": "portal.settings"})
+    assert "DJANGO_SETTINGS_MODULE" not in env, "Celery would set Django up in the slot"
+    command = worker_command(slot, app="tasks.slot_app", hostname="h", loglevel="INFO")
+    assert command[1:5] == ["-m", "tasks.slot_worker", "--app", "tasks.slot_app"]
+
+
 def test_a_machine_without_gpus_gets_one_cpu_slot_with_a_thread_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     (slot,) = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None)

@@ -37,7 +37,6 @@ def test_plain_paths_and_file_urls_are_local_directories(tmp_path: Path) -> None
         ("file://otherhost/models", "file:// URLs must name a local path"),
         ("package:no_such_package_here", "cannot import 'no_such_package_here'"),
         ("package:", "names no package"),
-        ("s3://bucket/models/minilm", "unsupported model source scheme 's3'"),
         ("hf://sentence-transformers/all-MiniLM-L6-v2", "unsupported model source scheme 'hf'"),
     ],
 )

@@ -23,6 +23,7 @@ import orjson
 import psutil
 
 from portal.ops.embedded import EmbeddedRedis, start_embedded_redis
+from tasks.storage import store_for
 from tests.support.workers import REPO, WorkerProcess, start_worker
 
 CHAOS_ENV = {
@@ -121,7 +122,7 @@ class ChaosStack:
         self,
         *,
         model: str,
-        input_path: Path,
+        input_path: Path | str,
         shard_size: int | None,
         tenant: str = "chaos",
         extra: tuple[str, ...] = (),
@@ -169,8 +170,12 @@ class ChaosResult:
     error_codes: dict[str, int]
 
 
-def read_jsonl(path_uri: str) -> list[dict[str, Any]]:
-    path = Path(path_uri.removeprefix("file://"))
+def read_jsonl(uri: str) -> list[dict[str, Any]]:
+    """The lines of an output or error file on local storage or S3; none where it is missing."""
+    if uri.startswith("s3://"):
+        store = store_for(uri)
+        return [orjson.loads(line) for line in store.read_bytes(uri).splitlines()] if store.exists(uri) else []
+    path = Path(uri.removeprefix("file://"))
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 

@@ -31,16 +31,16 @@ def _answers(url: str) -> bool:
 
 
 @contextmanager
-def running_moto_server(start_timeout_s: float = 20.0) -> Iterator[str]:
-    """Start moto_server on a free port, yield its endpoint URL, and always stop it."""
+def running_moto_server(start_timeout_s: float = 20.0, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """Start moto_server on a free port of `host`, yield its endpoint URL, and always stop it."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     log_dir = ARTIFACTS / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"moto-server-{port}.log"
     # moto_server is installed beside the interpreter; its log goes to a file, not a pipe that
     # could fill up and stall the server mid-test.
-    command = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    command = [str(Path(sys.executable).parent / "moto_server"), "-H", host, "-p", str(port)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -200,6 +200,20 @@ def test_a_model_without_a_tokenizer_reports_no_tokens(
     assert report.accepted is True
 
 
+def test_a_model_whose_weights_are_in_object_storage_is_not_downloaded_for_a_dry_run(
+    acme: Tenant, write_jsonl: Callable[..., Path], two_slots: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpuworkers.sources
+
+    def no_download(source: str) -> Path:
+        raise AssertionError(f"the dry run resolved {source}")
+
+    monkeypatch.setattr(gpuworkers.sources, "resolve_s3_source", no_download)
+    remote = ModelFactory(name="remote", engine=Model.Engine.SENTENCE_TRANSFORMERS, source="s3://weights/remote/")
+    report = job_dry_run(tenant=acme, model_name=remote.name, input_uri=str(write_jsonl([{"input": SHORT}] * 4)))
+    assert (report.records, report.input_tokens, report.over_length) == (4, None, None)
+
+
 def test_the_dry_runs_shards_are_the_ones_the_planner_cuts(
     acme: Tenant,
     minilm: Model,
