@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from types import TracebackType
 
 import redis
@@ -39,6 +40,17 @@ def lease_holder(key: str) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def lease_holders(keys: Sequence[str]) -> list[str | None]:
+    """`lease_holder` of each key, in one round trip; all None when Redis cannot be asked."""
+    if not keys:
+        return []
+    try:
+        values = redis_client().mget(keys)
+    except redis.RedisError:
+        return [None] * len(keys)
+    return [value.decode() if isinstance(value, bytes) else value for value in values]
 
 
 class LeaseHeld(Exception):

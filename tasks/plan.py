@@ -1,4 +1,4 @@
-"""The planning task: cut a queued job's input into shards, then dispatch its chord."""
+"""The planning task: cut a queued job's input into shards, each sent to run as soon as it is written."""
 
 from __future__ import annotations
 

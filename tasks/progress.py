@@ -6,6 +6,7 @@ numbers instead of adding to them. Redis only holds these live figures; the data
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -42,6 +43,10 @@ def read_shard_progress(job_id: str) -> dict[int, Progress]:
         fields = _client().hgetall(_key(job_id))
     except redis.RedisError:
         return {}
+    return _parse(fields)
+
+
+def _parse(fields: dict[bytes | str, bytes | str]) -> dict[int, Progress]:
     shards = {}
     for index, value in fields.items():
         done, failed = (value.decode() if isinstance(value, bytes) else value).split(",")
@@ -49,6 +54,25 @@ def read_shard_progress(job_id: str) -> dict[int, Progress]:
     return shards
 
 
+def _total(shards: dict[int, Progress]) -> Progress:
+    return Progress(
+        done=sum(shard.done for shard in shards.values()), failed=sum(shard.failed for shard in shards.values())
+    )
+
+
 def read_job_progress(job_id: str) -> Progress:
-    shards = read_shard_progress(job_id).values()
-    return Progress(done=sum(shard.done for shard in shards), failed=sum(shard.failed for shard in shards))
+    return _total(read_shard_progress(job_id))
+
+
+def read_jobs_progress(job_ids: Sequence[str]) -> dict[str, Progress]:
+    """`read_job_progress` of several jobs in one round trip (a page of a job list); zeros if Redis cannot be read."""
+    if not job_ids:
+        return {}
+    try:
+        pipe = _client().pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(_key(job_id))
+        hashes = pipe.execute()
+    except redis.RedisError:
+        hashes = [{}] * len(job_ids)
+    return {job_id: _total(_parse(fields)) for job_id, fields in zip(job_ids, hashes, strict=True)}

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from types import TracebackType
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 from celery.exceptions import SoftTimeLimitExceeded
@@ -240,17 +243,89 @@ def _from_lines(lines: Iterable[bytes]) -> Iterator[OutputLine]:
 def _write_outputs(
     store: ObjectStore, lines: Iterable[OutputLine], *, output_uri: str, errors_uri: str
 ) -> tuple[dict[str, int], Counter[str]]:
-    """Write the attempt's output and error lines; return its counts and its error codes."""
+    """Write the attempt's output and error lines; return its counts and its error codes.
+
+    `lines` runs the model as it is consumed; the writes go to storage on a thread (`_BlockWriter`),
+    so an S3 part upload does not hold up the next micro-batch.
+    """
     counts = {"records": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     error_codes: Counter[str] = Counter()
-    with store.open_write(output_uri) as output, store.open_write(errors_uri) as errors:
+    with (
+        store.open_write(output_uri) as output,
+        store.open_write(errors_uri) as errors,
+        _BlockWriter(output, errors) as writer,
+    ):
         for line in lines:
-            output.write(line.data)
+            writer.add(line.data, error=line.error_code is not None)
             counts["records"] += 1
             counts["prompt_tokens"] += line.prompt_tokens
             counts["completion_tokens"] += line.completion_tokens
             if line.error_code is not None:
-                errors.write(line.data)
                 counts["failed"] += 1
                 error_codes[line.error_code] += 1
     return counts, error_codes
+
+
+class _BlockWriter:
+    """Gathers lines into blocks and writes each block on a thread while the caller goes on.
+
+    At most `QUEUED_BLOCKS` blocks wait, so memory stays bounded when storage is slower than the
+    model. A write that fails is raised in the caller at its next block or at the end; when the
+    caller fails (a soft time limit, a broken device), the thread stops before the writers are
+    abandoned, so nothing is written after the attempt gave up.
+    """
+
+    BLOCK_BYTES = 1024 * 1024
+    QUEUED_BLOCKS = 8
+
+    def __init__(self, output: BinaryIO, errors: BinaryIO) -> None:
+        self._targets = (output, errors)
+        self._output = bytearray()
+        self._errors = bytearray()
+        self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue(maxsize=self.QUEUED_BLOCKS)
+        self._failure: BaseException | None = None
+        self._abandoned = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="shard output writer", daemon=True)
+
+    def __enter__(self) -> _BlockWriter:
+        self._thread.start()
+        return self
+
+    def add(self, data: bytes, *, error: bool) -> None:
+        self._output += data
+        if error:
+            self._errors += data
+        if len(self._output) >= self.BLOCK_BYTES:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        self._queue.put((bytes(self._output), bytes(self._errors)))
+        self._output.clear()
+        self._errors.clear()
+
+    def _drain(self) -> None:
+        output, errors = self._targets
+        while (block := self._queue.get()) is not None:
+            if self._abandoned.is_set() or self._failure is not None:
+                continue  # keep taking blocks, so a caller blocked on a full queue is let go
+            try:
+                output.write(block[0])
+                errors.write(block[1])
+            except BaseException as exc:  # handed to the caller, which raises it
+                self._failure = exc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc is None:
+                self._hand_off()
+            else:
+                self._abandoned.set()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+        if exc is None and self._failure is not None:
+            raise self._failure

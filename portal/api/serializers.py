@@ -72,7 +72,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:
-        progress = job_progress(job)
+        progress = job_progress(job, self.context.get("live_progress", {}).get(str(job.pk)))
         return {
             "total": progress.total,
             "done": progress.done,

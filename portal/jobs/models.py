@@ -98,7 +98,11 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "status"])]
+        indexes = [
+            models.Index(fields=["tenant", "status"]),
+            # The job list's page, newest first: without it each page sorts all of the tenant's jobs.
+            models.Index(fields=["tenant", "-created_at"], name="jobs_job_tenant_created"),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.status})"

@@ -12,7 +12,7 @@ from django.utils import timezone
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.usage import month_of
-from tasks.progress import read_job_progress
+from tasks.progress import Progress, read_job_progress, read_jobs_progress
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,20 @@ class JobProgress:
         return min(1.0, self.done / self.total)
 
 
-def job_progress(job: Job) -> JobProgress:
-    """Live figures from Redis while the job runs; the database's once it has ended."""
+def job_progress(job: Job, live: Progress | None = None) -> JobProgress:
+    """Live figures from Redis while the job runs (`live` where the caller read them already, see
+    `jobs_live_progress`); the database's once it has ended."""
     if job.is_finished:
         done = job.succeeded_records + job.failed_records
         return JobProgress(status=job.status, total=job.total_records, done=done, failed=job.failed_records)
-    live = read_job_progress(str(job.id))
+    live = live or read_job_progress(str(job.id))
     return JobProgress(status=job.status, total=job.total_records, done=live.done, failed=live.failed)
+
+
+def jobs_live_progress(jobs: Collection[Job]) -> dict[str, Progress]:
+    """The live figures of the jobs not yet ended, by job id, in one Redis round trip: a list page
+    would otherwise make one per running job."""
+    return read_jobs_progress([str(job.id) for job in jobs if not job.is_finished])
 
 
 def job_output_file(job: Job) -> tuple[str, str]:

@@ -37,6 +37,8 @@ class StackOptions:
     loglevel: str = "WARNING"
     logs_to_files: bool = False
     """Send each process's output to var/logs/<name>.log instead of this terminal."""
+    workers: bool = True
+    """The control worker (with beat) and the slots; off for a benchmark of the portal alone."""
 
 
 def repoint_celery_app() -> None:
@@ -119,6 +121,11 @@ class Stack:
                 "flower",
                 [python, "-m", "portal.ops.flower", "--address=127.0.0.1", f"--port={options.flower_port}"],
             )
+        if options.workers:
+            self._spawn_workers()
+
+    def _spawn_workers(self) -> None:
+        python, options = sys.executable, self.options
         # The control worker also runs beat, which schedules the reconciler; run one beat per site.
         schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
         self._spawn(

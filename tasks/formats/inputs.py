@@ -344,7 +344,7 @@ def _jsonl_items(stream: IO[bytes], input_field: str) -> Iterator[Record | LineP
     reached = 0
     try:
         for reached, raw in read_lines(stream):
-            if raw is not None and not raw.strip():
+            if raw is not None and raw.isspace():
                 continue
             yield parse_line(raw, reached, input_field)
     except _CORRUPT as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import uuid
@@ -12,10 +13,11 @@ from typing import Any
 
 import orjson
 import pytest
+from django.utils import timezone
 
 from portal.catalog.models import ModelThroughput
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.reconcile import jobs_reconcile
+from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
 from portal.scheduling import capacity
 from portal.scheduling.usage import usage_read
@@ -69,6 +71,12 @@ def _running_job(tenant: Any, model: Any, root: Path, *, shards: int, records: i
 
 def _dispatched(job: Job) -> int:
     return job.shards.filter(status=ShardStatus.DISPATCHED).count()
+
+
+def _callbacks_overdue(*jobs: Job) -> None:
+    """The jobs' dispatched shards were sent before the sweep's grace: it looks at them in storage."""
+    sent_at = timezone.now() - dt.timedelta(seconds=SETTLE_GRACE_S + 1)
+    Shard.objects.filter(job__in=jobs, status=ShardStatus.DISPATCHED).update(dispatched_at=sent_at)
 
 
 def _commit(shard: Shard, *, compute_seconds: float) -> None:
@@ -173,6 +181,7 @@ def test_one_job_with_an_impossible_commit_fails_alone_and_the_sweep_goes_on(gpu
     _commit(bad, compute_seconds=1.0)
     Shard.objects.filter(pk=bad.pk).update(record_count=99)  # the commit no longer accounts for the shard
     _commit(healthy.shards.get(), compute_seconds=1.0)
+    _callbacks_overdue(broken, healthy)
 
     try:
         report = jobs_reconcile()
@@ -199,6 +208,7 @@ def test_a_job_whose_storage_cannot_be_read_is_left_for_the_next_sweep_and_the_o
     schedule_queue(gpu_queue(gpu_class.name))
     Shard.objects.filter(job=unreachable).update(prefix_uri="gs://elsewhere/shard-0")  # no store serves gs://
     _commit(healthy.shards.get(), compute_seconds=1.0)
+    _callbacks_overdue(unreachable, healthy)
 
     try:
         report = jobs_reconcile()
@@ -215,10 +225,6 @@ def test_a_job_whose_storage_cannot_be_read_is_left_for_the_next_sweep_and_the_o
 
 
 def test_usage_lives_in_postgresql_and_decays(gpu_class: Any, settings: Any) -> None:
-    import datetime as dt
-
-    from django.utils import timezone
-
     from portal.scheduling.usage import usage_charge
 
     settings.BATCHERY_FAIR_SHARE_HALF_LIFE_S = 60
@@ -287,10 +293,6 @@ def test_shards_whose_messages_were_lost_go_back_uncharged_and_are_charged_once_
 def test_with_nothing_left_to_send_idle_slots_get_one_copy_of_each_longest_running_shard(
     gpu_class: Any, tmp_path: Path, settings: Any
 ) -> None:
-    import datetime as dt
-
-    from django.utils import timezone
-
     settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 8  # four slots, as no heartbeat says otherwise
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)

@@ -24,7 +24,7 @@ from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import DryRunReportSerializer, JobCreateSerializer, JobSerializer
 from portal.api.uploads import refuse_oversized_request, store_upload
 from portal.jobs.models import Job
-from portal.jobs.selectors import job_output_file
+from portal.jobs.selectors import job_output_file, jobs_live_progress
 from portal.jobs.services.dry_run import job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
@@ -55,6 +55,14 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     serializer_class = JobSerializer
     filterset_class = JobFilter
     parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # The page's live progress in one Redis round trip, not one per running job.
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        if page is None:
+            return super().list(request, *args, **kwargs)
+        context = {**self.get_serializer_context(), "live_progress": jobs_live_progress(page)}
+        return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
 
     @extend_schema(
         request={"multipart/form-data": JobCreateSerializer, "application/json": JobCreateSerializer},

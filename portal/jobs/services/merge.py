@@ -6,6 +6,13 @@ good (`portal.jobs.services.settle`; sending shards again is the scheduler's), s
 early or twice cannot corrupt the output. A shard that failed for good has no marker; its records
 become error lines naming the reason.
 
+The first round is stitched as its shards finish (`job_merge_advance`, called as each shard
+settles): the longest run of settled shards after what is stitched already is appended to a staged
+copy of the output and of the error file (`tasks.storage.staged`), invisible until published, and a
+cursor beside the job's objects says how far each got. The merge at the end appends the rest and
+publishes, so a job ends moments after its last shard. The bytes are those of a merge done whole at
+the end; a stopped job, a retry round, or a staged copy found lost is merged whole, as before.
+
 When a job is stopped (cancelled, expired) the merge does not wait: committed shards are kept and
 every other record becomes an error line with the stop reason as its code.
 """
@@ -14,10 +21,13 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
-from typing import BinaryIO
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO
 
 import orjson
+import redis
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
@@ -25,14 +35,27 @@ from portal.jobs.services.settle import UNSETTLED, read_manifest, shard_record_f
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
-from tasks.leases import Lease, LeaseHeld, job_lease_key
+from tasks.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key, lease_holder
+from tasks.redis_client import redis_client
 from tasks.specs import ShardManifest
-from tasks.storage import store_for
+from tasks.storage import join_uri, store_for
+from tasks.storage.staged import (
+    StagedLost,
+    StagedState,
+    staged_append,
+    staged_discard,
+    staged_min_bytes,
+    staged_publish,
+)
 
 logger = logging.getLogger(__name__)
 
 COPY_BUFFER_BYTES = 1024 * 1024
 STOP_ENDINGS = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
+ADVANCING = (JobStatus.RUNNING, JobStatus.PAUSED)
+"""Statuses whose shards may still settle, and so be stitched as they do."""
+# A merge waits this long for a running advance to finish; a dead advance's lease lapses sooner.
+ADVANCE_WAIT_S = 2 * LEASE_TTL_S
 
 
 @dataclass(frozen=True)
@@ -57,21 +80,145 @@ def _copy(uri: str, target: BinaryIO) -> None:
         shutil.copyfileobj(source, target, COPY_BUFFER_BYTES)
 
 
-def _write_unfinished_shard(outcome: ShardOutcome, output: BinaryIO, errors: BinaryIO) -> None:
-    for _, line in _unfinished_lines(outcome):
-        output.write(line)
-        errors.write(line)
+def _write_outputs(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
+    for outcome in outcomes:
+        if outcome.manifest is None:
+            target.writelines(line for _, line in _unfinished_lines(outcome))
+        else:
+            _copy(outcome.manifest.output_uri, target)
 
 
-def _stitch(job: Job, outcomes: list[ShardOutcome]) -> None:
-    store = store_for(job.output_uri)
-    with store.open_write(job.output_uri) as output, store.open_write(job.errors_uri) as errors:
-        for outcome in outcomes:
-            if outcome.manifest is None:
-                _write_unfinished_shard(outcome, output, errors)
-                continue
-            _copy(outcome.manifest.output_uri, output)
-            _copy(outcome.manifest.errors_uri, errors)
+def _write_errors(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
+    for outcome in outcomes:
+        if outcome.manifest is None:
+            target.writelines(line for _, line in _unfinished_lines(outcome))
+        else:
+            _copy(outcome.manifest.errors_uri, target)
+
+
+@dataclass(frozen=True)
+class MergeCursor:
+    """How far the first round's output and error file are stitched into their staged copies."""
+
+    output_next: int = 0
+    """The first shard whose output is not staged yet."""
+    errors_next: int = 0
+    """The first shard whose error lines are not staged yet (on S3 they lag: a part holds 5 MiB)."""
+    output: StagedState = field(default_factory=StagedState)
+    errors: StagedState = field(default_factory=StagedState)
+    succeeded: int = 0
+    failed: int = 0
+    """Records of the shards whose output is staged."""
+    shard_failures: tuple[str, ...] = ()
+    """`shard N: reason` of each shard failed for good whose output is staged."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output_next": self.output_next,
+            "errors_next": self.errors_next,
+            "output": self.output.to_dict(),
+            "errors": self.errors.to_dict(),
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "shard_failures": list(self.shard_failures),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MergeCursor:
+        return cls(
+            output_next=data["output_next"],
+            errors_next=data["errors_next"],
+            output=StagedState.from_dict(data["output"]),
+            errors=StagedState.from_dict(data["errors"]),
+            succeeded=data["succeeded"],
+            failed=data["failed"],
+            shard_failures=tuple(data["shard_failures"]),
+        )
+
+
+def _cursor_uri(job: Job) -> str:
+    return join_uri(job_root(job), "merge", "cursor.json")
+
+
+def _read_cursor(job: Job) -> MergeCursor:
+    uri = _cursor_uri(job)
+    store = store_for(uri)
+    if not store.exists(uri):
+        return MergeCursor()
+    return MergeCursor.from_dict(orjson.loads(store.read_bytes(uri)))
+
+
+def _write_cursor(job: Job, cursor: MergeCursor) -> None:
+    uri = _cursor_uri(job)
+    with store_for(uri).open_write(uri) as out:
+        out.write(orjson.dumps(cursor.to_dict()))
+
+
+def _drop_staging(job: Job, cursor: MergeCursor) -> None:
+    """Forget what was staged; nothing of it was ever visible at the output's URIs."""
+    staged_discard(job.output_uri, cursor.output)
+    staged_discard(job.errors_uri, cursor.errors)
+    uri = _cursor_uri(job)
+    store_for(uri).delete_prefix(uri)
+
+
+def _stage(job: Job, cursor: MergeCursor, outcomes: list[ShardOutcome], *, publish: bool) -> MergeCursor:
+    """Stitch the outcomes past the cursor onto the staged output and error file; with `publish`,
+    they are the last ones and both objects appear whole (written at once if nothing was staged)."""
+    outputs = [o for o in outcomes if o.shard.index >= cursor.output_next]
+    errors = [o for o in outcomes if o.shard.index >= cursor.errors_next]
+    staged_output: StagedState | None = None
+    staged_errors: StagedState | None = None
+    if publish:
+        staged_publish(job.output_uri, cursor.output, lambda target: _write_outputs(outputs, target))
+        staged_publish(job.errors_uri, cursor.errors, lambda target: _write_errors(errors, target))
+        staged_output, staged_errors = StagedState(), StagedState()
+    else:
+        if _enough_to_stage(job.output_uri, outputs, lambda manifest: manifest.output_uri):
+            staged_output = staged_append(job.output_uri, cursor.output, lambda target: _write_outputs(outputs, target))
+        if _enough_to_stage(job.errors_uri, errors, lambda manifest: manifest.errors_uri):
+            staged_errors = staged_append(job.errors_uri, cursor.errors, lambda target: _write_errors(errors, target))
+    if staged_output is not None and outputs:
+        succeeded, failed = _counts(outputs)
+        cursor = replace(
+            cursor,
+            output_next=outputs[-1].shard.index + 1,
+            output=staged_output,
+            succeeded=cursor.succeeded + succeeded,
+            failed=cursor.failed + failed,
+            shard_failures=cursor.shard_failures + _shard_failures(outputs),
+        )
+    if staged_errors is not None and errors:
+        cursor = replace(cursor, errors_next=errors[-1].shard.index + 1, errors=staged_errors)
+    return cursor
+
+
+def _enough_to_stage(uri: str, outcomes: list[ShardOutcome], source_of: Callable[[ShardManifest], str]) -> bool:
+    """Whether the outcomes' bytes reach what the store takes in one append: sizes are asked first
+    (S3), so a shard's output is read once, not again at each settle while it waits for company."""
+    least = staged_min_bytes(uri)
+    if not least:
+        return bool(outcomes)
+    total = 0
+    for outcome in outcomes:
+        if outcome.manifest is None:
+            total += sum(len(line) for _, line in _unfinished_lines(outcome))
+        else:
+            source = source_of(outcome.manifest)
+            total += store_for(source).size(source)
+        if total >= least:
+            return True
+    return False
+
+
+def _counts(outcomes: list[ShardOutcome]) -> tuple[int, int]:
+    succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
+    failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
+    return succeeded, failed
+
+
+def _shard_failures(outcomes: list[ShardOutcome]) -> tuple[str, ...]:
+    return tuple(f"shard {o.shard.index}: {o.failure}" for o in outcomes if o.manifest is None)
 
 
 def _unfinished_lines(outcome: ShardOutcome) -> list[tuple[str, bytes]]:
@@ -164,6 +311,57 @@ def _stopped_outcomes(shards: list[Shard], reason: str) -> list[ShardOutcome]:
     return outcomes
 
 
+def job_merge_advance(*, job_id: str, holder: str = "advance") -> None:
+    """Stitch the first round's settled shards that follow what is stitched already, while the
+    job's later shards run; what this leaves (a lease held, a store that failed) the next call or
+    the merge at the end takes."""
+    try:
+        job = Job.objects.get(pk=job_id)
+        if job.status not in ADVANCING or job.retry_round:
+            return
+        # A lease taken without Redis excludes nobody, and two stitchers could race the merge's
+        # publish: without Redis, the merge at the end does it all.
+        redis_client().ping()
+        with Lease(job_lease_key("merge-advance", job_id), holder, exclusive=True):
+            # Taken after ours, the merge lease means the merge at the end has begun: it stitches
+            # the rest itself (and waits for our lease before it reads the cursor).
+            if lease_holder(job_lease_key("merge", job_id)) is not None:
+                return
+            job.refresh_from_db()
+            if job.status in ADVANCING and not job.retry_round:
+                _advance(job)
+    except (LeaseHeld, redis.RedisError):
+        return
+    except Exception:
+        # Stitching ahead only saves the merge time; whatever stops it must not fail the shard's settling.
+        logger.warning("job %s: could not stitch finished shards ahead of the merge", job_id, exc_info=True)
+
+
+def _advance(job: Job) -> None:
+    cursor = _read_cursor(job)
+    start = min(cursor.output_next, cursor.errors_next)
+    shards = job.shards.filter(round=0, index__gte=start)
+    first_unsettled = shards.filter(status__in=UNSETTLED).order_by("index").values_list("index", flat=True).first()
+    if first_unsettled is not None:
+        shards = shards.filter(index__lt=first_unsettled)
+    outcomes = _outcomes_when_settled(list(shards.order_by("index")))
+    if not outcomes:
+        return
+    advanced = _stage(job, cursor, outcomes, publish=False)
+    if advanced != cursor:
+        _write_cursor(job, advanced)
+
+
+def _wait_for_advances(job_id: str) -> None:
+    """Hold the merge until a running advance has finished (new ones see the merge lease and stop)."""
+    key = job_lease_key("merge-advance", job_id)
+    deadline = time.monotonic() + ADVANCE_WAIT_S
+    while (holder := lease_holder(key)) is not None:
+        if time.monotonic() > deadline:
+            raise LeaseHeld(key, holder)
+        time.sleep(0.01)
+
+
 def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -> None:
     """Merge a running job once its shards are done, or at once a job stopped with `stop`."""
     job = Job.objects.select_related("model").get(pk=job_id)
@@ -179,6 +377,7 @@ def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -
         return
     try:
         with Lease(job_lease_key("merge", job_id), holder, exclusive=True):
+            _wait_for_advances(job_id)
             job.refresh_from_db()
             if job.status in resumable:
                 _merge(job, stop=stop)
@@ -189,9 +388,20 @@ def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -
 def _merge(job: Job, *, stop: str | None) -> None:
     job_id = str(job.id)
     shards = list(job.shards.filter(round=job.retry_round).order_by("index"))
+    cursor = MergeCursor() if job.retry_round else _read_cursor(job)
+    if stop:
+        # A stopped job's unfinished shards read as stop errors, failed ones included: merged whole.
+        _drop_staging(job, cursor)
+        cursor = MergeCursor()
+    start = min(cursor.output_next, cursor.errors_next)
     try:
-        outcomes = _stopped_outcomes(shards, stop) if stop else _outcomes_when_settled(shards)
+        outcomes = (
+            _stopped_outcomes(shards, stop)
+            if stop
+            else _outcomes_when_settled([shard for shard in shards if shard.index >= start])
+        )
     except ValueError as exc:
+        _drop_staging(job, cursor)
         job_fail(job_id=job_id, reason=f"merge refused inconsistent shard output: {exc}")
         return
     if outcomes is None:
@@ -207,10 +417,17 @@ def _merge(job: Job, *, stop: str | None) -> None:
         _record_outcome(outcome)
     if job.retry_round:
         succeeded, failed = _stitch_retry(job, outcomes)
+        shard_failures = _shard_failures(outcomes)
     else:
-        _stitch(job, outcomes)
-        succeeded = sum(o.manifest.succeeded for o in outcomes if o.manifest is not None)
-        failed = sum(o.manifest.failed if o.manifest else o.shard.record_count for o in outcomes)
+        try:
+            merged = _stage(job, cursor, outcomes, publish=True)
+        except StagedLost as exc:
+            # Published already by a merge that died before it could end the job, or lost: start over.
+            logger.warning("job %s: %s; merging every shard again", job_id, exc)
+            _drop_staging(job, cursor)
+            merged = _stage(job, MergeCursor(), _outcomes_when_settled(shards) or [], publish=True)
+        _drop_staging(job, MergeCursor())
+        succeeded, failed, shard_failures = merged.succeeded, merged.failed, merged.shard_failures
     if job.output_format == "parquet":
         try:
             _write_parquet(job)
@@ -224,10 +441,9 @@ def _merge(job: Job, *, stop: str | None) -> None:
         error = f"{stop}: {unfinished} of {len(outcomes)} shards had not finished; their records are '{stop}' errors"
     else:
         ending, source = _ending(succeeded, failed), JobStatus.MERGING
-        shard_failures = [f"shard {o.shard.index}: {o.failure}" for o in outcomes if o.manifest is None]
         error = ""
         if shard_failures:
-            error = f"{len(shard_failures)} of {len(outcomes)} shards failed; first: {shard_failures[0]}"
+            error = f"{len(shard_failures)} of {len(shards)} shards failed; first: {shard_failures[0]}"
         elif ending == JobStatus.FAILED:
             error = f"all {failed} records failed; see the error file"
     job_transition(

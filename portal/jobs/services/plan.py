@@ -6,15 +6,28 @@ model's learned throughput (`portal.catalog.throughput`), so a shard of long doc
 records than one of short ones and shards take about equally long. Either way each shard records
 its input characters and estimate, for the scheduler to charge and to learn from.
 
+Planning streams: each shard's row is created (pending) as soon as its input is written, and the
+scheduler is asked to send shards while the planner reads on, so a large input's first shard runs
+moments after submission, not after the whole input was read. The job stays `planning` meanwhile:
+schedulable, never merged (`merge_when_settled` wants `running`), until the input has been read to
+its end and its record and shard counts are known.
+
 Memory stays bounded whatever the input size: one record at a time is held, plus 8 bytes a record
 for the duplicate-id check. A bad line stops shard writing (the check goes on to name every bad
-line), and the job fails with those lines named; no shard is dispatched.
+line), and the job fails with those lines named: shards already sent are stopped as a cancel stops
+them, the shard inputs are deleted, and nothing is merged, so nothing is published.
+
+A planner that died is replaced by the reconciler once its lease has lapsed and the job's
+`updated_at` (touched by a live planner every few seconds) has gone stale. The new planner reads the
+input again from its start, to check it whole, but writes only past the shards already created:
+shards that ran are neither cut again nor sent twice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
@@ -22,21 +35,34 @@ from typing import Any, BinaryIO
 import orjson
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from portal.catalog.throughput import CostModel, throughput_estimate
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.dispatch import job_queue
+from portal.jobs.services.scheduler import merge_when_settled, schedule_job
+from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.services.transitions import job_fail, job_transition
 from portal.scheduling.capacity import queue_slots
 from tasks.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.formats.records import Record, input_field_for
-from tasks.leases import Lease, LeaseHeld, job_lease_key
+from tasks.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key
+from tasks.stops import request_stop
 from tasks.storage import StorageError, join_uri, store_for
 
 logger = logging.getLogger(__name__)
+
+SCHEDULE_EVERY_S = 0.5
+"""While planning, the scheduler is asked to send shards at the first one, then at most this often:
+a tick costs a queue lock and a few queries, and the shard callbacks refill the window in between."""
+HEARTBEAT_EVERY_S = LEASE_TTL_S / 3
+"""How often a live planner touches its job's `updated_at`: as often as it renews its plan lease, so
+that the job looks stale to the reconciler only when the lease too would have lapsed."""
+HEARTBEAT_RECORDS = 4096
+"""Records read between two looks at the clock for the heartbeat."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +160,9 @@ class ShardCutter:
 
     def add(self, record: Record) -> bool:
         """Count `record` in; True when it starts a new shard (the one before it has then ended)."""
-        chars = input_chars(record.data.get(self._input_field))
+        value = record.data.get(self._input_field)
+        # A text, the common case, without the walk's call and stack.
+        chars = len(value) if isinstance(value, str) else input_chars(value)
         seconds = self._cut.cost.seconds(1, chars)
         starts = self._count == 0 or self._cut.ends_before(
             records=self._count, seconds=self._seconds, next_seconds=seconds
@@ -173,12 +201,24 @@ class ShardWriteAborted(Exception):
 
 class ShardWriter:
     """Writes records into consecutive shard inputs, each ended where `cut` says; `input_field` is
-    the record field whose characters count."""
+    the record field whose characters count. The first shard is numbered `first_index` and starts at
+    record `first_record`; `on_shard` is called with each shard once its input is written whole."""
 
-    def __init__(self, root: str, cut: ShardCut, *, input_field: str, first_index: int = 0) -> None:
+    def __init__(
+        self,
+        root: str,
+        cut: ShardCut,
+        *,
+        input_field: str,
+        first_index: int = 0,
+        first_record: int = 0,
+        on_shard: Callable[[PlannedShard], None] | None = None,
+    ) -> None:
         self._root = root
         self._cutter = ShardCutter(cut, input_field=input_field)
         self._first_index = first_index
+        self._first_record = first_record
+        self._on_shard = on_shard
         self._stack = ExitStack()
         self._handle: BinaryIO | None = None
         self.shards: list[PlannedShard] = []
@@ -206,11 +246,13 @@ class ShardWriter:
         cut = self._cutter.ended[len(self.shards) - 1]
         self.shards[-1] = replace(
             self.shards[-1],
-            first_record=cut.first_record,
+            first_record=self._first_record + cut.first_record,
             record_count=cut.record_count,
             input_chars=cut.input_chars,
             estimated_seconds=cut.estimated_seconds,
         )
+        if self._on_shard is not None:
+            self._on_shard(self.shards[-1])
 
     def close(self) -> list[PlannedShard]:
         self._cutter.close()
@@ -255,26 +297,108 @@ def job_records(job: Job, *, input_field: str, check: JsonlCheck, max_problems: 
         )
 
 
-def _cut_shards(job: Job, *, input_field: str, max_problems: int) -> tuple[JsonlCheck, list[PlannedShard]]:
+class PlanningStopped(Exception):
+    """The job left `planning` (cancelled, expired) while its planner was reading."""
+
+
+class StreamingDispatch:
+    """Creates each shard's row as soon as its input is written and, while the input is still being
+    read, has the scheduler send shards: at the first shard, then at most every SCHEDULE_EVERY_S.
+    Also the planner's heartbeat: it keeps the job's `updated_at` fresh, so that the reconciler does
+    not take a live planner for a dead one even when Redis (and the plan lease) was lost, and it
+    notices a job that left `planning`."""
+
+    def __init__(self, job: Job) -> None:
+        self._job_id = str(job.id)
+        self._root = job_root(job)
+        self._scheduled_at: float | None = None
+        self._beat_at = time.monotonic()
+        self.reading = True
+        """False once the input has been read: planning's end schedules the last shards."""
+
+    def shard_written(self, planned: PlannedShard) -> None:
+        # A row per shard, committed at once (autocommit) so the scheduler sees it; a conflict is a
+        # shard a concurrent planner (one that ran without Redis, so without its lease) created.
+        Shard.objects.bulk_create(
+            [
+                Shard(
+                    job_id=self._job_id,
+                    index=planned.index,
+                    first_record=planned.first_record,
+                    record_count=planned.record_count,
+                    input_chars=planned.input_chars,
+                    estimated_seconds=planned.estimated_seconds,
+                    input_uri=planned.input_uri,
+                    prefix_uri=shard_prefix(self._root, planned.index),
+                )
+            ],
+            ignore_conflicts=True,
+        )
+        now = time.monotonic()
+        if self.reading and (self._scheduled_at is None or now - self._scheduled_at >= SCHEDULE_EVERY_S):
+            self._scheduled_at = now
+            job_id = self._job_id
+            transaction.on_commit(lambda: schedule_job(job_id=job_id))
+        self.beat()
+
+    def beat(self) -> None:
+        """Touch the job's `updated_at` if it is time; raise PlanningStopped if it is no longer planning."""
+        now = time.monotonic()
+        if now - self._beat_at < HEARTBEAT_EVERY_S:
+            return
+        self._beat_at = now
+        if not Job.objects.filter(pk=self._job_id, status=JobStatus.PLANNING).update(updated_at=timezone.now()):
+            raise PlanningStopped(f"job {self._job_id} is no longer planning")
+
+
+def _planned_so_far(job: Job) -> tuple[int, int]:
+    """(shards, records) an earlier planner of this job already created: planning resumes after them.
+
+    Shards are created in index order, one at a time, so the first `shards` indices are taken."""
+    shards = job.shards.filter(round=0)
+    return shards.count(), shards.aggregate(records=Sum("record_count"))["records"] or 0
+
+
+def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch) -> JsonlCheck:
+    first_index, covered = _planned_so_far(job)
     check = JsonlCheck()
-    writer = ShardWriter(job_root(job), ShardCut.for_job(job), input_field=input_field)
+    writer = ShardWriter(
+        job_root(job),
+        ShardCut.for_job(job),
+        input_field=input_field,
+        first_index=first_index,
+        first_record=covered,
+        on_shard=dispatch.shard_written,
+    )
+    writing = True
     try:
         for record in job_records(job, input_field=input_field, check=check, max_problems=max_problems):
-            if check.problem_count == 0:
+            if check.problem_count:
+                if writing:
+                    # A bad line: the shard being written never gets a row; the check reads on.
+                    writer.abort()
+                    writing = False
+            elif check.records > covered:
                 writer.add(record)
+            if check.records % HEARTBEAT_RECORDS == 0:
+                dispatch.beat()
     except BaseException:
         writer.abort()
         raise
-    return check, writer.close()
+    dispatch.reading = False
+    if check.ok:
+        writer.close()
+    elif writing:
+        writer.abort()
+    return check
 
 
 PLANNABLE = (JobStatus.QUEUED, JobStatus.PLANNING)
 
 
 def job_plan(*, job_id: str, holder: str = "planner") -> None:
-    """Plan a queued job. A job found `planning` is planned again: its planner died before the
-    shards were created (they are created in the same transaction that ends planning), unless a
-    live planner still holds the job's plan lease."""
+    """Plan a queued job. A job found `planning` is planned again, resuming after the shards already
+    created: its planner died, unless a live planner still holds the job's plan lease."""
     try:
         with Lease(job_lease_key("plan", job_id), holder, exclusive=True):
             if job_transition(job_id=job_id, source=PLANNABLE, target=JobStatus.PLANNING):
@@ -286,47 +410,59 @@ def job_plan(*, job_id: str, holder: str = "planner") -> None:
 def _plan(job_id: str) -> None:
     job = Job.objects.select_related("model").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
+    dispatch = StreamingDispatch(job)
     try:
-        check, shards = _cut_shards(job, input_field=input_field_for(job.model.task), max_problems=limit)
+        check = _cut_shards(job, input_field=input_field_for(job.model.task), max_problems=limit, dispatch=dispatch)
+    except PlanningStopped:
+        logger.info("job %s left planning while its input was read; planning stops", job_id)
+        return
     except StorageError as exc:
-        job_fail(job_id=job_id, reason=f"cannot read the input: {exc}", source=JobStatus.PLANNING)
+        _refuse(job, f"cannot read the input: {exc}")
         return
     except InputOptionsError as exc:
-        job_fail(job_id=job_id, reason=f"input rejected: {exc}", source=JobStatus.PLANNING)
+        _refuse(job, f"input rejected: {exc}")
         return
     if not check.ok:
-        input_prefix = join_uri(job_root(job), "input")
-        store_for(input_prefix).delete_prefix(input_prefix)
-        job_fail(job_id=job_id, reason=f"input rejected: {check.summary(limit=limit)}", source=JobStatus.PLANNING)
+        _refuse(job, f"input rejected: {check.summary(limit=limit)}")
         return
 
     with transaction.atomic():
-        Shard.objects.bulk_create(
-            Shard(
-                job_id=job.id,
-                index=planned.index,
-                first_record=planned.first_record,
-                record_count=planned.record_count,
-                input_chars=planned.input_chars,
-                estimated_seconds=planned.estimated_seconds,
-                input_uri=planned.input_uri,
-                prefix_uri=shard_prefix(job_root(job), planned.index),
-            )
-            for planned in shards
-        )
         moved = job_transition(
             job_id=job_id,
             source=JobStatus.PLANNING,
             target=JobStatus.RUNNING,
             total_records=check.records,
-            shard_count=len(shards),
+            shard_count=job.shards.filter(round=0).count(),
             started_at=timezone.now(),
         )
         if not moved:
-            # Cancelled or expired while planning: roll the shards back with the transaction.
-            transaction.set_rollback(True)
+            # Cancelled or expired while planning: its shards stay unsent, those sent were stopped.
             return
-        from portal.jobs.services.scheduler import schedule_job
+        transaction.on_commit(lambda: _planning_ended(job_id))
+    logger.info("job %s planned: %d records", job_id, check.records)
 
-        transaction.on_commit(lambda: schedule_job(job_id=job_id))
-    logger.info("job %s planned: %d records in %d shards", job_id, check.records, len(shards))
+
+def _planning_ended(job_id: str) -> None:
+    """Send what is left to send; merge at once if every shard already finished while planning went on
+    (their callbacks found the job `planning` and did not merge)."""
+    schedule_job(job_id=job_id)
+    job = Job.objects.get(pk=job_id)
+    if job.shard_count:
+        merge_when_settled(job)
+
+
+def _refuse(job: Job, reason: str) -> None:
+    """Fail a job whose input turned out unreadable or bad, maybe after some of its shards ran: they
+    are stopped as a cancel stops them, the shard inputs deleted; nothing is merged or published."""
+    job_id = str(job.id)
+    # The flag first: a shard that arrives from now on does not start.
+    request_stop(job_id, JobStatus.FAILED)
+    if not job_fail(job_id=job_id, reason=reason, source=JobStatus.PLANNING):
+        return
+    shards_revoke(job)
+    input_prefix = join_uri(job_root(job), "input")
+    try:
+        store_for(input_prefix).delete_prefix(input_prefix)
+    except StorageError as exc:
+        # The job has its ending; shard inputs left behind cost space, not correctness.
+        logger.warning("job %s: could not delete its shard inputs: %s", job_id, exc)

@@ -6,7 +6,10 @@ sweep, on the control queue:
 - sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
 - settles shards whose chord callback never came, and gives the scheduler back those that are
   neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
-  was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue;
+  was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue. Only shards with
+  no live lease, sent longer ago than `SETTLE_GRACE_S`, are looked at in storage (one MGET of the
+  job's leases finds them), and the broker's queues are read only if one of them needs it: a sweep
+  costs what went wrong, not how much runs;
 - merges running jobs whose shards are all settled but whose merge never came, and resumes merges
   and cancellations whose worker died;
 - publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them.
@@ -17,8 +20,10 @@ harmless. Each job is swept on its own: one whose storage says something impossi
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from django.db.models import Q
@@ -35,13 +40,17 @@ from portal.ops.metrics.sweeps import reconcile_sweep_record
 from tasks.broker_probe import BrokerView, pending_task_ids
 from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
 from tasks.env import env_int
-from tasks.leases import job_lease_key, lease_holder, shard_lease_key
+from tasks.leases import job_lease_key, lease_holder, lease_holders, shard_lease_key
 from tasks.stops import request_pause
 
 logger = logging.getLogger(__name__)
 
 # A step untouched for this long, with no lease and no message, is presumed lost.
 STALE_AFTER_S = env_int("BATCHERY_RECONCILE_STALE_AFTER_S", 60, minimum=1)
+# `_lost` judges no shard younger than this lost, so the sweep leaves such shards to their callbacks.
+SETTLE_GRACE_S = min(STALE_AFTER_S / 4, VISIBILITY_TIMEOUT_S)
+
+PendingView = Callable[[], BrokerView | None]
 
 
 @dataclass
@@ -77,38 +86,54 @@ def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
             report.expired += 1
 
 
-def _replan_stalled(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
+def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
     from tasks.plan import plan_job
 
     for job in Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.PLANNING]):
         if not _stale(job, now) or lease_holder(job_lease_key("plan", str(job.id))) is not None:
             continue
-        if pending is not None and _plan_task_id(str(job.id)) in pending:
+        view = pending()
+        if view is not None and _plan_task_id(str(job.id)) in view:
             continue
         logger.warning("job %s stalled in %s; sending planning again", job.id, job.status)
         plan_job.apply_async((str(job.id),), task_id=_plan_task_id(str(job.id)), queue=CONTROL_QUEUE)
         report.planned += 1
 
 
-def _lost(shard: Shard, pending: BrokerView | None, now: dt.datetime) -> bool:
+def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
     """No live attempt holds the shard and its message is gone, or is stuck with a worker that
     stopped renewing its lease (dead or paused) for longer than the visibility timeout."""
     if lease_holder(shard_lease_key(str(shard.job_id), shard.index)) is not None:
         return False
     age = (now - shard.dispatched_at).total_seconds() if shard.dispatched_at else float("inf")
-    if pending is None or shard.task_id in pending.unacked:
+    view = pending()
+    if view is None or shard.task_id in view.unacked:
         # The broker gives such a message back only after the visibility timeout (and kombu checks
         # rarely); sending it again sooner could run a shard twice while its worker still lives.
         return age > VISIBILITY_TIMEOUT_S
     # A message sent a moment ago may not be visible yet.
-    return shard.task_id not in pending.queued and age > STALE_AFTER_S / 4
+    return shard.task_id not in view.queued and age > STALE_AFTER_S / 4
 
 
-def _sweep_job(job: Job, now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
+def _unattended(job: Job, now: dt.datetime) -> list[Shard]:
+    """The job's dispatched shards that may have ended or been lost unseen: sent before the grace,
+    held by no live attempt. A held or fresh shard's own callback settles it."""
+    sent_before = now - dt.timedelta(seconds=SETTLE_GRACE_S)
+    dispatched = job.shards.filter(status=ShardStatus.DISPATCHED)
+    rows = list(
+        dispatched.filter(Q(dispatched_at__lte=sent_before) | Q(dispatched_at__isnull=True)).values_list("pk", "index")
+    )
+    job_id = str(job.id)
+    holders = lease_holders([shard_lease_key(job_id, index) for _, index in rows])
+    free = [pk for (pk, _), holder in zip(rows, holders, strict=True) if holder is None]
+    return list(dispatched.filter(pk__in=free)) if free else []
+
+
+def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
     from tasks.merge import merge_job
 
     lost = []
-    for shard in job.shards.filter(status=ShardStatus.DISPATCHED):
+    for shard in _unattended(job, now):
         settled = shard_settle(job, shard)
         if settled is Settled.HELD:
             shard_hold_back(shard)
@@ -118,8 +143,8 @@ def _sweep_job(job: Job, now: dt.datetime, pending: BrokerView | None, report: R
         report.resent_shards += shards_requeue(
             job=job, shards=lost, reason="no live attempt and no message in the broker"
         )
-    if job.status == JobStatus.PAUSED:
-        return
+    if job.status != JobStatus.RUNNING:
+        return  # a paused job merges once resumed, a planning one once its planner has cut every shard
     unsettled = job.shards.filter(round=job.retry_round, status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED])
     if not unsettled.exists() and lease_holder(job_lease_key("merge", str(job.id))) is None:
         # The last shard's callback may be on its way; a second merge of the same job does nothing.
@@ -127,7 +152,7 @@ def _sweep_job(job: Job, now: dt.datetime, pending: BrokerView | None, report: R
         report.merged += 1
 
 
-def _sweep_running(now: dt.datetime, pending: BrokerView | None, report: ReconcileReport) -> None:
+def _sweep_running(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
     jobs = list(Job.objects.select_related("model__gpu_class", "tenant").filter(status__in=SETTLING))
     # Rebuilt from PostgreSQL on every sweep: a pause outlives Redis.
     request_pause([str(job.id) for job in jobs if job.status == JobStatus.PAUSED])
@@ -159,13 +184,23 @@ def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
         report.finalized += 1
 
 
+def _pending_view() -> PendingView:
+    """The broker's messages, read at most once a sweep and only when asked: reading means
+    reading the queues whole, which a sweep where every shard is held or fresh does not need."""
+
+    @functools.cache
+    def read() -> BrokerView | None:
+        running = Job.objects.select_related("model__gpu_class").filter(status__in=SETTLING)
+        return pending_task_ids({CONTROL_QUEUE, *(job_queue(job) for job in running)})
+
+    return read
+
+
 def jobs_reconcile() -> ReconcileReport:
     started = time.perf_counter()
     now = timezone.now()
     report = ReconcileReport()
-    running = Job.objects.select_related("model__gpu_class").filter(status__in=SETTLING)
-    running_queues = {job_queue(job) for job in running}
-    pending = pending_task_ids({CONTROL_QUEUE, *running_queues})
+    pending = _pending_view()
     _expire_overdue(now, report)
     _replan_stalled(now, pending, report)
     _sweep_running(now, pending, report)

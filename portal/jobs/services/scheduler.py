@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
+from portal.jobs.services.merge import job_merge_advance
 from portal.jobs.services.settle import UNSETTLED, Settled, shard_settle
 from portal.ops.metrics.jobs import shards_redispatched_record
 from portal.scheduling.capacity import queue_slots, queue_window
@@ -38,9 +39,11 @@ from tasks.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
 
 logger = logging.getLogger(__name__)
 
-SCHEDULABLE = (JobStatus.RUNNING,)
-SETTLING = (JobStatus.RUNNING, JobStatus.PAUSED)
-"""Statuses whose shards may still be sent or ending: a paused job's running shards finish."""
+SCHEDULABLE = (JobStatus.PLANNING, JobStatus.RUNNING)
+"""Statuses whose pending shards are sent: a job's shards are sent while its planner still cuts more."""
+SETTLING = (JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED)
+"""Statuses whose shards may still be sent or ending: a planning job's first shards run while its
+planner cuts more, and a paused job's running shards finish."""
 
 
 def _lock_queue(queue: str) -> None:
@@ -75,7 +78,9 @@ def schedule_queue(queue: str) -> int:
         free = queue_window(queue) - in_flight
         waiting = [job for job in jobs if counts[str(job.id)][ShardStatus.PENDING] > 0]
         if not waiting:
-            copies = _speculate(queue, jobs, in_flight) if settings.BATCHERY_SPECULATION else []
+            # A job still planning has more shards coming: its running ones are not stragglers yet.
+            done_planning = [job for job in jobs if job.status != JobStatus.PLANNING]
+            copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION else []
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
         if free <= 0:
@@ -153,7 +158,8 @@ def _tenant_queues(jobs: list[Job], counts: dict[str, Counter[str]], gpu_class_i
 
 
 def schedule_job(*, job_id: str) -> None:
-    """A job started running (planned, retried): send what its queue has room for; a job without shards merges."""
+    """A job's shards wait (its planner wrote some, it was planned or retried): send what its queue has
+    room for; a job without shards merges."""
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     if job.status not in SCHEDULABLE:
         logger.info("job %s is %s; not scheduling", job_id, job.status)
@@ -197,7 +203,8 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
 
 
 def shard_finished(*, job_id: str, shard_index: int) -> None:
-    """A shard's task returned or failed (its chord callback): settle it, refill its place, merge when all settled."""
+    """A shard's task returned or failed (its chord callback): settle it, refill its place, stitch
+    what has finished, merge when all settled."""
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     shard = Shard.objects.get(job_id=job_id, index=shard_index)
     if shard.status in UNSETTLED:
@@ -207,7 +214,9 @@ def shard_finished(*, job_id: str, shard_index: int) -> None:
         elif settled is Settled.HELD:
             shard_hold_back(shard)
     schedule_queue(job_queue(job))
-    merge_when_settled(job)
+    if not merge_when_settled(job):
+        # Stitch what has finished now, so the merge at the end has only the tail left.
+        job_merge_advance(job_id=job_id, holder=f"shard {shard_index}")
 
 
 def shard_hold_back(shard: Shard) -> None:
@@ -226,8 +235,12 @@ def _refund(job: Job, shards: Sequence[Shard]) -> None:
 
 
 def merge_when_settled(job: Job) -> bool:
-    """Send the merge of a running job none of whose shards of the current round is unsettled."""
-    if job.status != JobStatus.RUNNING:
+    """Send the merge of a running job none of whose shards of the current round is unsettled.
+
+    The status is read afresh: a shard's callback holds its job as read before it settled the shard,
+    and the job may have ended planning since (a `planning` job never merges: its last shard is not
+    cut yet), so that whichever of the two comes second sends the merge."""
+    if not Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).exists():
         return False
     if Shard.objects.filter(job=job, round=job.retry_round, status__in=UNSETTLED).exists():
         return False

@@ -30,7 +30,9 @@ class CannotStop(Exception):
     """The job has already ended, or is ending."""
 
 
-def _revoke_unfinished(job: Job) -> None:
+def shards_revoke(job: Job) -> None:
+    """Revoke the job's sent shards, so that a worker discards those still queued; the job's stop
+    flag stops the running ones."""
     from tasks.app import app
 
     task_ids = list(job.shards.filter(status=ShardStatus.DISPATCHED).values_list("task_id", flat=True))
@@ -82,7 +84,7 @@ def job_cancel(*, job: Job, actor: User | None = None) -> Job:
             raise CannotStop(
                 f"job {job_id} is {job.status}; only a queued, planning, running or paused job can be cancelled"
             )
-        _revoke_unfinished(job)
+        shards_revoke(job)
         _finalize(job_id, "cancelled")
         _audit_cancel(job, job.status, JobStatus.CANCELLING, actor)
     logger.info("job %s cancelling", job_id)
@@ -97,7 +99,7 @@ def job_expire(*, job: Job) -> bool:
         return True
     if job.status not in STOPPABLE:
         return False
-    _revoke_unfinished(job)
+    shards_revoke(job)
     with transaction.atomic():
         _finalize(job_id, "expired")
     return True

@@ -82,7 +82,8 @@ def test_planning_cuts_contiguous_shards_in_input_order(
     assert [(s.first_record, s.record_count) for s in shards] == [(0, 4), (4, 4), (8, 2)]
     first_shard = Path(shards[0].input_uri.removeprefix("file://")).read_text().splitlines()
     assert [json.loads(line)["custom_id"] for line in first_shard] == ["r0", "r1", "r2", "r3"]
-    assert len(dispatches) == 1
+    # The scheduler is asked once when the first shard is written, once when planning ends.
+    assert len(dispatches) == 2
 
 
 def test_a_second_planning_message_for_the_same_job_does_nothing(

@@ -29,9 +29,12 @@ from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_api import render_api, run_api_bench
+from portal.ops.bench_ceiling import render_ceiling, run_ceiling_bench
 from portal.ops.bench_fairness import render_fairness, run_fairness_bench
 from portal.ops.bench_io import DEFAULT_SIZES_MB, render_io_results, run_io_bench
 from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
+from portal.ops.bench_reconcile import render_reconcile, run_reconcile_bench
 from portal.ops.demo import write_demo_dataset
 from portal.ops.embedded import start_embedded_redis
 from portal.ops.stack import Stack, StackOptions, repoint_celery_app
@@ -111,6 +114,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fairness-slots", type=int, default=4, help="CPU slots of the scheduler's fairness run (0: skip)"
         )
+        parser.add_argument(
+            "--ceiling-slots", type=int, default=2, help="slots of the zero-cost-engine platform ceiling run (0: skip)"
+        )
+        parser.add_argument("--ceiling-records", type=int, default=100_000)
+        parser.add_argument("--ceiling-shards", type=int, default=1000, help="one-record shards of the per-shard run")
+        parser.add_argument("--no-ceiling-profile", action="store_true", help="skip the py-spy profile")
+        parser.add_argument("--api-jobs", type=int, default=10_000, help="jobs in the API run's database (0: skip)")
+        parser.add_argument("--api-clients", type=int, default=50)
+        parser.add_argument("--api-seconds", type=float, default=10.0)
+        parser.add_argument(
+            "--reconcile-jobs", type=int, default=100, help="running jobs of the reconciler sweep run (0: skip)"
+        )
+        parser.add_argument("--reconcile-shards", type=int, default=1000, help="dispatched shards a job")
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
@@ -124,6 +140,7 @@ class Command(BaseCommand):
                     self.metrics_bench(options)
                 if options["fairness_slots"]:
                     self.fairness_bench(options["fairness_slots"])
+                self.platform_bench(options)
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
 
@@ -166,6 +183,39 @@ class Command(BaseCommand):
         figures = run_fairness_bench(slots=slots, say=self.stdout.write)
         self.stdout.write(render_fairness(figures))
         self.stdout.write("rerun: python manage.py bench --skip-io --sentences 2000 --metrics-sentences 0")
+
+    def platform_bench(self, options: dict[str, Any]) -> None:
+        """The platform's own cost: the zero-cost-engine ceiling, the API under load, a reconciler sweep."""
+        if options["ceiling_slots"]:
+            self.stdout.write("")
+            ceiling = run_ceiling_bench(
+                slots=options["ceiling_slots"],
+                records=options["ceiling_records"],
+                shards=options["ceiling_shards"],
+                profile=not options["no_ceiling_profile"],
+                say=self.stdout.write,
+            )
+            self.stdout.write(render_ceiling(ceiling))
+        if options["api_jobs"]:
+            self.stdout.write("")
+            api = run_api_bench(
+                jobs=options["api_jobs"],
+                clients=options["api_clients"],
+                seconds=options["api_seconds"],
+                say=self.stdout.write,
+            )
+            self.stdout.write(render_api(api))
+        if options["reconcile_jobs"]:
+            self.stdout.write("")
+            self.stdout.write(
+                f"reconcile: one sweep over {options['reconcile_jobs']} running jobs of "
+                f"{options['reconcile_shards']:,} shards ..."
+            )
+            sweep = run_reconcile_bench(jobs=options["reconcile_jobs"], shards_per_job=options["reconcile_shards"])
+            self.stdout.write(render_reconcile(sweep))
+        self.stdout.write(
+            "rerun: python manage.py bench --skip-io --sentences 2000 --metrics-sentences 0 --fairness-slots 0"
+        )
 
     def io_bench(self, sizes: list[int]) -> None:
         self.stdout.write("")

@@ -1,0 +1,318 @@
+"""The platform ceiling (`make bench`): jobs through the whole stack with a model that computes
+nothing (`portal.ops.bench_models.ZeroEmbedModel`, a fixed 384-float embedding a record), so that
+what remains is Batchery's own cost.
+
+Figures: records per second per slot of a 100,000-record job (submission to merged output, the
+platform's own shard size), milliseconds per shard of a 1,000-shard job (one record a shard), the
+bytes written to storage per record by the large job (shard inputs, shard outputs, merged output),
+and where the time goes: each job run again under py-spy (attached to the control worker and the
+launcher with their children; timings come from the runs without it), top functions by own time
+and by time under them, in Batchery's code.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from django.conf import settings
+
+from portal.catalog.models import GpuClass, Model
+from portal.catalog.services import catalog_publish
+from portal.jobs.models import FINAL_STATUSES, Job
+from portal.jobs.services.storage_layout import job_root
+from portal.jobs.services.submit import job_submit
+from portal.ops.stack import Stack, StackOptions
+from portal.tenancy.models import Tenant
+from portal.tenancy.services import tenant_get_or_create
+from tasks.storage.local import path_of
+
+MODEL_NAME = "bench-zero-embed"
+# Frames of Batchery's own code, for the profile's second table.
+OWN_CODE = ("portal/", "tasks/", "gpuworkers/")
+FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::\d+)?\)$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    label: str
+    samples: int
+    by_process: list[tuple[str, int]]
+    own_time: list[tuple[str, int]]
+    """(function, samples in which it was the innermost frame), most first."""
+    under: list[tuple[str, int]]
+    """(function of Batchery's code, samples in which it was on the stack), most first."""
+
+
+@dataclass(frozen=True)
+class CeilingFigures:
+    slots: int
+    records: int
+    records_shards: int
+    records_seconds: float
+    shard_job_shards: int
+    shard_job_seconds: float
+    bytes_written: dict[str, int]
+    """Bytes under the large job's root in storage, by kind."""
+    profiles: list[Profile] = field(default_factory=list)
+    profile_note: str = ""
+
+    @property
+    def records_per_s_per_slot(self) -> float:
+        return self.records / self.records_seconds / self.slots
+
+    @property
+    def ms_per_shard(self) -> float:
+        return self.shard_job_seconds / self.shard_job_shards * 1000
+
+
+def _records(path: Path, count: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as out:
+        out.write(
+            b"".join(orjson.dumps({"custom_id": f"r{n:07d}", "input": f"sentence {n}"}) + b"\n" for n in range(count))
+        )
+    return path
+
+
+def _zero_model() -> Model:
+    model, _ = Model.objects.update_or_create(
+        name=MODEL_NAME,
+        version="1",
+        defaults={
+            "engine": Model.Engine.PYTHON,
+            "task": Model.Task.EMBED,
+            "source": "portal.ops.bench_models:zero_embed_factory",
+            "gpu_class": GpuClass.objects.get(name="cpu"),
+            "default_params": {},
+            "is_default": False,
+        },
+    )
+    catalog_publish()
+    return model
+
+
+def _run_job(tenant: Tenant, path: Path, *, shard_size: int | None, timeout_s: float = 600) -> tuple[Job, float]:
+    """Submit and wait for the end; the job and its seconds from submission to its end."""
+    started = time.perf_counter()
+    job = job_submit(tenant=tenant, model_name=MODEL_NAME, input_uri=str(path), shard_size=shard_size)
+    deadline = time.monotonic() + timeout_s
+    while (job := Job.objects.get(pk=job.pk)).status not in FINAL_STATUSES:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job.id} still {job.status} after {timeout_s:.0f}s")
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    if job.status != "succeeded":
+        raise RuntimeError(f"the zero-cost job ended {job.status}: {job.error}")
+    return job, elapsed
+
+
+def bytes_written(job: Job) -> dict[str, int]:
+    """Bytes under the job's root by kind; empty where storage is not `file://`."""
+    if not job.output_uri.startswith("file://"):
+        return {}
+    root = path_of(job_root(job))
+    kinds: Counter[str] = Counter()
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        top = path.relative_to(root).parts[0]
+        kind = {"input": "shard inputs", "shards": "shard outputs and markers"}.get(top, "merged output and rest")
+        kinds[kind] += path.stat().st_size
+    return dict(kinds)
+
+
+def _drop_objects(job: Job) -> None:
+    """Remove a measured job's objects: a 100,000-record output of 384 floats a record is hundreds of MB."""
+    if job.output_uri.startswith("file://"):
+        shutil.rmtree(path_of(job_root(job)), ignore_errors=True)
+
+
+def _frame_name(frame: str) -> str:
+    """`function (path:line)` -> `function (short path)`: lines of one function add up."""
+    match = FRAME.match(frame)
+    if not match:
+        return frame
+    path = match["path"]
+    for marker in ("site-packages/", str(settings.BASE_DIR) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{match['function']} ({path})"
+
+
+def parse_py_spy_raw(text: str, *, label: str, top: int = 12) -> Profile:
+    """Top entries of py-spy's `raw` output (collapsed stacks: `frame;frame;... count` a line)."""
+    own: Counter[str] = Counter()
+    under: Counter[str] = Counter()
+    processes: Counter[str] = Counter()
+    samples = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        samples += count
+        frames = stack.split(";")
+        process = next((f for f in frames if f.startswith("process ")), "process ?")
+        processes[re.sub(r"^process \d+:", "", process).strip('"')[:70]] += count
+        names = [_frame_name(f) for f in frames if not f.startswith(("process ", "thread "))]
+        if names:
+            own[names[-1]] += count
+        for name in set(names):
+            if any(part in name for part in OWN_CODE) and "site-packages" not in name:
+                under[name] += count
+    return Profile(
+        label=label,
+        samples=samples,
+        by_process=processes.most_common(5),
+        own_time=own.most_common(top),
+        under=under.most_common(top),
+    )
+
+
+@contextmanager
+def py_spy(pids: dict[str, int], output_dir: Path) -> Iterator[list[Path]]:
+    """py-spy recording each pid and its children while the block runs; yields the raw files, written at the end."""
+    binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    outputs = [output_dir / f"{name}.txt" for name in pids]
+    options = ["--subprocesses", "--format", "raw", "--rate", "200", "--nonblocking"]
+    recorders = [
+        subprocess.Popen(
+            [binary, "record", "--pid", str(pid), *options, "--output", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid, out in zip(pids.values(), outputs, strict=True)
+    ]
+    time.sleep(1)  # py-spy attaches to the children before the job starts
+    try:
+        yield outputs
+    finally:
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)
+        for recorder in recorders:
+            try:
+                recorder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                recorder.kill()
+
+
+def _profile(stack: Stack, label: str, run: Callable[[], object], output_dir: Path) -> Profile:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    pids = {name: stack.processes[name].pid for name in ("control", "gpuworkers")}
+    with py_spy(pids, output_dir) as outputs:
+        run()
+    text = "\n".join(out.read_text() for out in outputs if out.exists())
+    if not text.strip():
+        raise RuntimeError("py-spy wrote no samples (is ptrace allowed here?)")
+    return parse_py_spy_raw(text, label=label)
+
+
+def run_ceiling_bench(
+    *, slots: int = 2, records: int = 100_000, shards: int = 1000, profile: bool = True, say: Callable[[str], None]
+) -> CeilingFigures:
+    data = Path(settings.VAR_DIR) / "bench" / "ceiling"
+    _zero_model()
+    tenant = tenant_get_or_create(name="bench-ceiling")
+    big = _records(data / f"records-{records}.jsonl", records)
+    one_a_shard = _records(data / f"records-{shards}.jsonl", shards)
+    warmup = _records(data / "warmup.jsonl", 2000)
+    stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=slots, logs_to_files=True))
+    stack.start()
+    profiles: list[Profile] = []
+    note = ""
+    try:
+        stack.wait_for_workers(queues={"control", "gpu.cpu"})
+        time.sleep(6)  # the slots' first heartbeats, from which the scheduler sizes its window
+        say("ceiling: warming the slots up ...")
+        _run_job(tenant, warmup, shard_size=100)
+        say(f"ceiling: {records:,} records, zero-cost model, {slots} slots ...")
+        job, records_seconds = _run_job(tenant, big, shard_size=None)
+        written = bytes_written(job)
+        _drop_objects(job)
+        say(f"ceiling: {shards:,} shards of one record ...")
+        shard_job, shard_seconds = _run_job(tenant, one_a_shard, shard_size=1)
+        if profile:
+            say("ceiling: both jobs again under py-spy ...")
+            try:
+                profiles.append(
+                    _profile(
+                        stack,
+                        f"{records:,} records",
+                        lambda: _drop_objects(_run_job(tenant, big, shard_size=None)[0]),
+                        data / "profile-records",
+                    )
+                )
+                profiles.append(
+                    _profile(
+                        stack, f"{shards:,} one-record shards", lambda: _run_job(tenant, one_a_shard, shard_size=1),
+                        data / "profile-shards",
+                    )
+                )  # fmt: skip
+            except (OSError, RuntimeError) as exc:
+                note = f"no profile: {exc}"
+    finally:
+        stack.stop()
+    return CeilingFigures(
+        slots=slots,
+        records=records,
+        records_shards=job.shard_count,
+        records_seconds=records_seconds,
+        shard_job_shards=shard_job.shard_count,
+        shard_job_seconds=shard_seconds,
+        bytes_written=written,
+        profiles=profiles,
+        profile_note=note,
+    )
+
+
+def _render_profile(profile: Profile) -> list[str]:
+    def share(count: int) -> str:
+        return f"{count / max(profile.samples, 1):6.1%}"
+
+    lines = [f"profile of the {profile.label} job ({profile.samples} samples at 200 Hz, busy threads only)"]
+    lines += [f"  {share(count)}  process {name}" for name, count in profile.by_process]
+    lines.append("  own time (innermost frame):")
+    lines += [f"  {share(count)}  {name}" for name, count in profile.own_time]
+    lines.append("  time under, Batchery's code:")
+    lines += [f"  {share(count)}  {name}" for name, count in profile.under]
+    return lines
+
+
+def render_ceiling(figures: CeilingFigures) -> str:
+    total_bytes = sum(figures.bytes_written.values())
+    rows = [
+        (
+            f"{figures.records:,} records ({figures.records_shards} shards)",
+            f"{figures.records_seconds:.1f} s",
+            "submission to merged output",
+        ),
+        ("records/s per slot", f"{figures.records_per_s_per_slot:,.0f}", ">= 15,000"),
+        (f"{figures.shard_job_shards:,} one-record shards", f"{figures.shard_job_seconds:.1f} s", ""),
+        ("ms per shard", f"{figures.ms_per_shard:.2f}", "<= 5 ms"),
+        ("bytes written per record", f"{total_bytes / figures.records:,.0f}", "all objects under the job's root"),
+    ]
+    rows += [
+        (f"  {kind}", f"{size / figures.records:,.0f}", "bytes per record")
+        for kind, size in sorted(figures.bytes_written.items())
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    lines = [
+        f"{'platform ceiling (' + str(figures.slots) + ' slots, zero-cost model)':<{width}}  {'measured':>10}  target"
+    ]
+    lines += [f"{name:<{width}}  {value:>10}  {target}" for name, value, target in rows]
+    for profile in figures.profiles:
+        lines += _render_profile(profile)
+    if figures.profile_note:
+        lines.append(figures.profile_note)
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""The merge stitches the first round as its shards finish, and its bytes are those of a merge at the end."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services import merge
+from portal.jobs.services.merge import MergeCursor, _cursor_uri, _read_cursor, job_merge, job_merge_advance
+from portal.jobs.services.settle import shard_record_failure, shard_record_success
+from portal.jobs.services.storage_layout import parquet_output_uri
+from tasks.specs import ShardManifest, commit_uri
+from tasks.storage import store_for
+from tests.factories import ModelFactory, TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SHARDS = 9
+RECORDS = 6
+FAILED_SHARD = 4
+"""This shard fails for good: its records become `shard_failed` error lines."""
+
+
+def _line(row: dict[str, Any]) -> bytes:
+    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _job(root: Path, *, output_format: str = "jsonl") -> Job:
+    """A running job whose shards all committed (one failed for good), none yet settled."""
+    model = ModelFactory(name="merge-embed", is_default=False)
+    job = Job.objects.create(
+        tenant=TenantFactory(name="merger"),
+        model=model,
+        status=JobStatus.RUNNING,
+        input_uri="file:///x.jsonl",
+        output_uri=(root / "output.jsonl").as_uri(),
+        errors_uri=(root / "errors.jsonl").as_uri(),
+        output_format=output_format,
+        shard_size=RECORDS,
+    )
+    rng = random.Random(7)
+    for index in range(SHARDS):
+        prefix = root / "shards" / f"{index:05d}"
+        prefix.mkdir(parents=True)
+        ids = [f"r{index * RECORDS + n}" for n in range(RECORDS)]
+        (prefix / "input.jsonl").write_bytes(b"".join(_line({"custom_id": i, "body": {"input": "x"}}) for i in ids))
+        shard = Shard.objects.create(
+            job=job,
+            index=index,
+            first_record=index * RECORDS,
+            record_count=RECORDS,
+            input_uri=(prefix / "input.jsonl").as_uri(),
+            prefix_uri=prefix.as_uri(),
+            status=ShardStatus.DISPATCHED,
+        )
+        if index == FAILED_SHARD:
+            continue
+        lines = []
+        for custom_id in ids:
+            if rng.random() < 0.2:
+                lines.append(_line({"custom_id": custom_id, "error": {"code": "bad_input", "message": "too long"}}))
+            else:
+                vector = [rng.uniform(-1, 1) for _ in range(8)]
+                lines.append(
+                    _line({"custom_id": custom_id, "response": {"embedding": vector, "usage": {"prompt_tokens": 3}}})
+                )
+        errors = [line for line in lines if b'"error"' in line]
+        (prefix / "out.jsonl").write_bytes(b"".join(lines))
+        (prefix / "errors.jsonl").write_bytes(b"".join(errors))
+        manifest = ShardManifest(
+            job_id=str(job.pk),
+            shard_index=index,
+            attempt_id=uuid.uuid4().hex,
+            worker="w@test",
+            pid=1,
+            output_uri=(prefix / "out.jsonl").as_uri(),
+            errors_uri=(prefix / "errors.jsonl").as_uri(),
+            records=RECORDS,
+            succeeded=RECORDS - len(errors),
+            failed=len(errors),
+            started_at=time.time(),
+            finished_at=time.time(),
+            compute_seconds=0.1,
+            load_seconds=0.0,
+            cache_hit=True,
+            model_loads=1,
+        )
+        store_for(commit_uri(shard.prefix_uri)).put_if_absent(
+            commit_uri(shard.prefix_uri), orjson.dumps(manifest.to_dict())
+        )
+    return job
+
+
+def _settle(shard: Shard) -> None:
+    """What `shard_settle` records for the shard: its commit, or its failure for good."""
+    if shard.index == FAILED_SHARD:
+        shard_record_failure(shard, reason="RuntimeError: the engine crashed")
+        return
+    raw = store_for(commit_uri(shard.prefix_uri)).read_bytes(commit_uri(shard.prefix_uri))
+    shard_record_success(shard, ShardManifest.from_dict(orjson.loads(raw)))
+
+
+def _merged_at_the_end(root: Path, **fields: Any) -> Job:
+    job = _job(root, **fields)
+    for shard in job.shards.order_by("index"):
+        _settle(shard)
+    job_merge(job_id=str(job.pk))
+    job.refresh_from_db()
+    return job
+
+
+def _merged_as_shards_finish(root: Path, **fields: Any) -> tuple[Job, list[MergeCursor]]:
+    """Shards settle out of order, each stitched ahead as `shard_finished` does; the last one merges."""
+    job = _job(root, **fields)
+    shards = list(job.shards.order_by("index"))
+    *early, last = shards
+    random.Random(3).shuffle(early)
+    cursors = []
+    for shard in early:
+        _settle(shard)
+        job_merge_advance(job_id=str(job.pk))
+        cursors.append(_read_cursor(job))
+        assert not store_for(job.output_uri).exists(job.output_uri), "nothing is visible before the job ends"
+        assert not store_for(job.errors_uri).exists(job.errors_uri)
+    _settle(last)
+    job_merge(job_id=str(job.pk))
+    job.refresh_from_db()
+    return job, cursors
+
+
+def _ending(job: Job) -> tuple[Any, ...]:
+    return job.status, job.succeeded_records, job.failed_records, job.error
+
+
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_merging_as_shards_finish_gives_the_bytes_of_merging_at_the_end(tmp_path: Path, output_format: str) -> None:
+    whole = _merged_at_the_end(tmp_path / "whole", output_format=output_format)
+    stepwise, cursors = _merged_as_shards_finish(tmp_path / "stepwise", output_format=output_format)
+
+    assert max(cursor.output_next for cursor in cursors) == SHARDS - 1, "all but the last shard were stitched ahead"
+    assert _ending(whole)[0] == JobStatus.PARTIALLY_SUCCEEDED
+    assert _ending(stepwise) == _ending(whole)
+    assert "shard 4: RuntimeError" in stepwise.error
+    for name in ("output.jsonl", "errors.jsonl"):
+        assert (tmp_path / "stepwise" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    if output_format == "parquet":
+        parquet = parquet_output_uri(str((tmp_path / "stepwise").as_uri()))
+        assert store_for(parquet).read_bytes(parquet) == (tmp_path / "whole" / "output.parquet").read_bytes()
+    assert not store_for(_cursor_uri(stepwise)).exists(_cursor_uri(stepwise)), "the cursor goes with the merge"
+    assert not list((tmp_path / "stepwise").glob(".*staged")), "no staged copy is left behind"
+
+
+def test_a_merge_whose_staged_copy_was_lost_merges_every_shard_again(tmp_path: Path) -> None:
+    whole = _merged_at_the_end(tmp_path / "whole")
+    job = _job(tmp_path / "stepwise")
+    for shard in job.shards.order_by("index")[: SHARDS - 1]:
+        _settle(shard)
+        job_merge_advance(job_id=str(job.pk))
+    (staged,) = (tmp_path / "stepwise").glob(".output.jsonl.staged")
+    staged.unlink()
+    _settle(job.shards.get(index=SHARDS - 1))
+
+    job_merge(job_id=str(job.pk))
+
+    job.refresh_from_db()
+    assert _ending(job) == _ending(whole)
+    assert (tmp_path / "stepwise" / "output.jsonl").read_bytes() == (tmp_path / "whole" / "output.jsonl").read_bytes()
+
+
+def test_a_cancelled_job_drops_what_was_stitched_ahead_and_merges_as_before(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    for shard in job.shards.order_by("index")[: FAILED_SHARD + 1]:
+        _settle(shard)
+        job_merge_advance(job_id=str(job.pk))
+    assert _read_cursor(job).output_next == FAILED_SHARD + 1, "the failed shard was stitched ahead as 'shard_failed'"
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLING)
+
+    job_merge(job_id=str(job.pk), stop="cancelled")
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    lines = [orjson.loads(line) for line in (tmp_path / "output.jsonl").read_bytes().splitlines()]
+    assert [line["custom_id"] for line in lines] == [f"r{n}" for n in range(SHARDS * RECORDS)]
+    failed = lines[FAILED_SHARD * RECORDS : (FAILED_SHARD + 1) * RECORDS]
+    assert {line["error"]["code"] for line in failed} == {"cancelled"}, "as merged whole: not 'shard_failed'"
+    assert not list(tmp_path.glob(".*staged"))
+    assert not store_for(_cursor_uri(job)).exists(_cursor_uri(job))
+
+
+def test_a_retry_round_is_not_stitched_ahead_of_its_merge(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    _settle(job.shards.get(index=0))
+    Job.objects.filter(pk=job.pk).update(retry_round=1)
+
+    job_merge_advance(job_id=str(job.pk))
+
+    assert _read_cursor(job) == MergeCursor()
+
+
+def test_after_stitching_ahead_the_merge_at_the_end_copies_only_the_last_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path)
+    *early, last = job.shards.order_by("index")
+    for shard in early:
+        _settle(shard)
+        job_merge_advance(job_id=str(job.pk))
+    copied: list[str] = []
+    copy = merge._copy
+    monkeypatch.setattr(merge, "_copy", lambda uri, target: (copied.append(uri), copy(uri, target)))
+    _settle(last)
+
+    job_merge(job_id=str(job.pk))
+
+    prefix = last.prefix_uri
+    assert copied == [f"{prefix}/out.jsonl", f"{prefix}/errors.jsonl"]

@@ -1,0 +1,119 @@
+"""Streaming planning, the planner alone: shard rows appear as their inputs are written, a bad line
+found after shards were written still refuses the input naming every bad line and publishes
+nothing, and a planner that died is resumed after the shards it created. With real workers:
+`tests/scheduling/test_streaming_plan_e2e.py`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.services import plan
+from portal.jobs.services.plan import job_plan
+from portal.jobs.services.submit import job_submit
+from portal.tenancy.models import Tenant
+from tasks.stops import stop_reason
+from tasks.storage import store_for
+
+
+def _records(count: int) -> list[Any]:
+    return [{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(count)]
+
+
+def _planner_checked(acme: Tenant, path: Path, settings: Any, *, shard_size: int) -> Job:
+    settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0  # as for an input too large to check at submission
+    return job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=shard_size)
+
+
+def test_each_shard_row_is_created_while_the_job_is_still_planning(
+    acme: Tenant,
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    job = _planner_checked(acme, write_jsonl(_records(10)), settings, shard_size=2)
+    seen: list[tuple[str, int]] = []
+    written = plan.StreamingDispatch.shard_written
+
+    def spy(self: plan.StreamingDispatch, planned: plan.PlannedShard) -> None:
+        written(self, planned)
+        seen.append((Job.objects.get(pk=job.pk).status, Shard.objects.filter(job=job).count()))
+
+    monkeypatch.setattr(plan.StreamingDispatch, "shard_written", spy)
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+    assert seen == [(JobStatus.PLANNING, n) for n in range(1, 6)]
+    job.refresh_from_db()
+    assert (job.status, job.total_records, job.shard_count) == (JobStatus.RUNNING, 10, 5)
+
+
+def test_a_bad_line_found_after_shards_were_written_refuses_the_input_naming_every_bad_line_and_publishes_nothing(
+    acme: Tenant, minilm: Any, write_jsonl: Callable[..., Path], settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    lines: list[Any] = _records(20)
+    lines[8] = "not json"
+    lines[12] = {"custom_id": "x", "text": "the wrong field"}
+    lines[19] = {"custom_id": "r0", "input": "the first id again"}
+    job = _planner_checked(acme, write_jsonl(lines), settings, shard_size=2)
+
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.error.startswith("input rejected: 3 bad lines: line 9: not valid JSON")
+    assert "line 13: missing field 'input'" in job.error
+    assert "line 20: duplicate custom_id 'r0' (first on line 1)" in job.error
+    # Lines 1-6 were written as three shards before line 9 was read; the shard of lines 7-8 never got a row.
+    shards = list(job.shards.order_by("index"))
+    assert [(s.first_record, s.record_count) for s in shards] == [(0, 2), (2, 2), (4, 2)]
+    assert not any(store_for(s.input_uri).exists(s.input_uri) for s in shards)
+    # Shards already sent are told to stop; no merge, so no output and no error file.
+    assert stop_reason(str(job.id)) == JobStatus.FAILED
+    assert not store_for(job.output_uri).exists(job.output_uri)
+    assert not store_for(job.errors_uri).exists(job.errors_uri)
+
+
+def test_a_planner_that_died_is_resumed_after_the_shards_it_created(
+    acme: Tenant,
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    job = _planner_checked(acme, write_jsonl(_records(10)), settings, shard_size=4)
+    written = plan.StreamingDispatch.shard_written
+
+    def die_after_the_first(self: plan.StreamingDispatch, planned: plan.PlannedShard) -> None:
+        if planned.index > 0:
+            raise SystemExit("the planner's process died")
+        written(self, planned)
+
+    monkeypatch.setattr(plan.StreamingDispatch, "shard_written", die_after_the_first)
+    with pytest.raises(SystemExit), django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+    first = Shard.objects.get(job=job)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.PLANNING
+
+    monkeypatch.setattr(plan.StreamingDispatch, "shard_written", written)
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+
+    job.refresh_from_db()
+    assert (job.status, job.total_records, job.shard_count) == (JobStatus.RUNNING, 10, 3)
+    shards = list(job.shards.order_by("index"))
+    assert [(s.first_record, s.record_count) for s in shards] == [(0, 4), (4, 4), (8, 2)]
+    assert shards[0].pk == first.pk
+    ids = [
+        [json.loads(line)["custom_id"] for line in Path(s.input_uri.removeprefix("file://")).read_text().splitlines()]
+        for s in shards
+    ]
+    assert ids == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"], ["r8", "r9"]]
