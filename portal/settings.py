@@ -173,6 +173,10 @@ BATCHERY_METRICS_TOKEN = env_str("BATCHERY_METRICS_TOKEN", "")
 BATCHERY_FAIR_SHARE_HALF_LIFE_S = env_float("BATCHERY_FAIR_SHARE_HALF_LIFE_S", 3600.0, minimum=1.0)
 BATCHERY_SCHEDULER_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_SHARDS_PER_SLOT", 2, minimum=1)
 BATCHERY_SCHEDULER_DEFAULT_WINDOW = env_int("BATCHERY_SCHEDULER_DEFAULT_WINDOW", 8, minimum=1)
+# Short shards: a slot gets more of them, up to this much estimated work (of the longest waiting
+# shard) and this many, so that it never idles while its last shard's ending is being settled.
+BATCHERY_SCHEDULER_SECONDS_AHEAD = env_float("BATCHERY_SCHEDULER_SECONDS_AHEAD", 1.0, minimum=0.0)
+BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT", 64, minimum=1)
 # Stragglers: once a job has no shard left to send, a slot that would idle runs a copy of its slowest
 # running shard (one copy per shard at most); the first commit wins and the other attempt stops.
 BATCHERY_SPECULATION = env_bool("BATCHERY_SPECULATION", True)
@@ -187,9 +191,12 @@ BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, m
 # seconds (portal.catalog.throughput) would pass the target, and at the record bound whatever the
 # estimate. A model that never ran is estimated at the default seconds a record. A job whose size
 # is known at submission is cut smaller, down to the minimum, so that it spreads over its class's
-# slots (two shards each) instead of filling one.
+# slots (four shards each) instead of filling one.
 BATCHERY_TARGET_SHARD_SECONDS = env_int("BATCHERY_TARGET_SHARD_SECONDS", 60, minimum=1)
-BATCHERY_MIN_SHARD_SECONDS = env_float("BATCHERY_MIN_SHARD_SECONDS", 5.0, minimum=0.001)
+BATCHERY_MIN_SHARD_SECONDS = env_float("BATCHERY_MIN_SHARD_SECONDS", 1.0, minimum=0.001)
+# A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
+# the target: its first results come within a second whatever its size (0: every shard at the target).
+BATCHERY_FIRST_SHARD_SECONDS = env_float("BATCHERY_FIRST_SHARD_SECONDS", 0.5, minimum=0.0)
 BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)
 BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float("BATCHERY_DEFAULT_SECONDS_PER_RECORD", 0.05, minimum=0.0)
 

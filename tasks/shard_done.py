@@ -1,4 +1,4 @@
-"""The callback of each shard's chord (and its error callback): settle the shard, refill its place, merge when done."""
+"""The callback of each shard's chord (and its error callback): report the ending; settled in batches."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from tasks.app import app
 from tasks.control import ControlTask
 
 
-@app.task(name="batchery.shard_done", base=ControlTask, bind=True, fails_job_from=frozenset({"running"}))
-def shard_done(self: Any, job_id: str, shard_index: int) -> None:
-    from portal.jobs.services.scheduler import shard_finished
+@app.task(
+    name="batchery.shard_done",
+    base=ControlTask,
+    bind=True,
+    ignore_result=True,
+    fails_job_from=frozenset({"running"}),
+)
+def shard_done(self: Any, job_id: str, shard_index: int, queue: str = "") -> None:
+    from portal.jobs.services.finished_inbox import shard_finished_report
 
-    shard_finished(job_id=job_id, shard_index=shard_index)
+    shard_finished_report(job_id=job_id, shard_index=shard_index, queue=queue)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -41,47 +42,51 @@ class CostModel:
 
 
 def throughput_observe(*, model_id: int, gpu_class_id: int, records: int, chars: int, seconds: float) -> None:
-    """Learn from one finished shard: `records` records of `chars` input characters in `seconds`.
+    """Learn from one finished shard: `records` records of `chars` input characters in `seconds`."""
+    throughput_observe_many(model_id=model_id, gpu_class_id=gpu_class_id, shards=[(records, chars, seconds)])
+
+
+def throughput_observe_many(*, model_id: int, gpu_class_id: int, shards: Sequence[tuple[int, int, float]]) -> None:
+    """Learn from finished shards, each `(records, chars, seconds)`, in the order they finished.
 
     One conditional UPDATE whose new values are computed from the stored ones (F expressions), so
     concurrent calls for the same model and class each count once; the first call creates the row.
+    The k shards of one call weigh what k calls of one would: the stored sums decay by DECAY**k and
+    the i-th shard (0-based) by DECAY**(k-1-i).
     """
-    if records < 1 or chars < 0 or not math.isfinite(seconds) or seconds < 0:
-        logger.warning(
-            "throughput of model %s on class %s: ignoring records=%s chars=%s seconds=%s",
-            model_id,
-            gpu_class_id,
-            records,
-            chars,
-            seconds,
-        )
+    valid = []
+    for records, chars, seconds in shards:
+        if records < 1 or chars < 0 or not math.isfinite(seconds) or seconds < 0:
+            logger.warning(
+                "throughput of model %s on class %s: ignoring records=%s chars=%s seconds=%s",
+                model_id,
+                gpu_class_id,
+                records,
+                chars,
+                seconds,
+            )
+            continue
+        valid.append((float(records), float(chars), float(seconds)))
+    if not valid:
         return
-    r, c, t = float(records), float(chars), float(seconds)
-    rows = ModelThroughput.objects.filter(model_id=model_id, gpu_class_id=gpu_class_id)
-    decayed = {
-        "observations": F("observations") + 1,
-        "weight": F("weight") * DECAY + 1.0,
-        "sum_rr": F("sum_rr") * DECAY + r * r,
-        "sum_rc": F("sum_rc") * DECAY + r * c,
-        "sum_cc": F("sum_cc") * DECAY + c * c,
-        "sum_rt": F("sum_rt") * DECAY + r * t,
-        "sum_ct": F("sum_ct") * DECAY + c * t,
+    k = len(valid)
+    weights = [DECAY ** (k - 1 - i) for i in range(k)]
+    sums = {
+        "weight": sum(weights),
+        "sum_rr": sum(w * r * r for w, (r, _, _) in zip(weights, valid, strict=True)),
+        "sum_rc": sum(w * r * c for w, (r, c, _) in zip(weights, valid, strict=True)),
+        "sum_cc": sum(w * c * c for w, (_, c, _) in zip(weights, valid, strict=True)),
+        "sum_rt": sum(w * r * t for w, (r, _, t) in zip(weights, valid, strict=True)),
+        "sum_ct": sum(w * c * t for w, (_, c, t) in zip(weights, valid, strict=True)),
     }
+    decay = DECAY**k
+    rows = ModelThroughput.objects.filter(model_id=model_id, gpu_class_id=gpu_class_id)
+    decayed = {"observations": F("observations") + k, **{name: F(name) * decay + value for name, value in sums.items()}}
     if rows.update(**decayed):
         return
     try:
         with transaction.atomic():
-            ModelThroughput.objects.create(
-                model_id=model_id,
-                gpu_class_id=gpu_class_id,
-                observations=1,
-                weight=1.0,
-                sum_rr=r * r,
-                sum_rc=r * c,
-                sum_cc=c * c,
-                sum_rt=r * t,
-                sum_ct=c * t,
-            )
+            ModelThroughput.objects.create(model_id=model_id, gpu_class_id=gpu_class_id, observations=k, **sums)
     except IntegrityError:
         # Another shard of the same model and class created the row first: add to it.
         rows.update(**decayed)

@@ -86,7 +86,7 @@ def count_storage_requests(*, under: str = "") -> Iterator[Counter[str]]:
             setattr(LocalStore, name, method)
 
 
-def write_commit(shard: Shard) -> None:
+def write_commit(shard: Shard, *, compute_seconds: float = 1.0) -> None:
     """The commit marker a finished attempt of `shard` writes, accounting for all of its records."""
     now = time.time()
     manifest = ShardManifest(
@@ -100,9 +100,9 @@ def write_commit(shard: Shard) -> None:
         records=shard.record_count,
         succeeded=shard.record_count,
         failed=0,
-        started_at=now - 1,
+        started_at=now - compute_seconds,
         finished_at=now,
-        compute_seconds=1.0,
+        compute_seconds=compute_seconds,
         load_seconds=0.0,
         cache_hit=True,
         model_loads=0,

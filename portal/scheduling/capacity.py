@@ -2,12 +2,15 @@
 
 A slot with prefetch 1 holds the shard it runs and takes the next from the broker as soon as it
 finishes, so two shards per live slot keep it busy while the scheduler refills the window; more
-would only lengthen the wait of a tenant that arrives later. Slots are known by their heartbeats
-(launcher slots); a queue consumed by plain workers, or read while Redis is down, gets a default.
+would only lengthen the wait of a tenant that arrives later. Shards shorter than the time their
+endings take to settle get more places, up to a second of work a slot (`shards_per_slot`). Slots
+are known by their heartbeats (launcher slots); a queue consumed by plain workers, or read while
+Redis is down, gets a default.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -46,9 +49,20 @@ def queue_slots(queue: str) -> int:
     return live_slots(queue) or max(1, settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW // per_slot)
 
 
-def queue_window(queue: str) -> int:
-    """The most shards of this queue that may be sent and not yet finished."""
+def shards_per_slot(shard_seconds: float | None = None) -> int:
+    """Shards a slot holds at a time: two, or for shards so short that settling one takes about as
+    long as running one, enough of them to cover `BATCHERY_SCHEDULER_SECONDS_AHEAD` of work."""
+    least = settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
+    if not shard_seconds or shard_seconds <= 0:
+        return least
+    ahead = math.ceil(settings.BATCHERY_SCHEDULER_SECONDS_AHEAD / shard_seconds)
+    return max(least, min(ahead, settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT))
+
+
+def queue_window(queue: str, shard_seconds: float | None = None) -> int:
+    """The most shards of this queue that may be sent and not yet finished, for waiting shards
+    estimated at `shard_seconds` each (the longest of them: a late tenant waits behind no more)."""
     slots = live_slots(queue)
     if slots == 0:
         return settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW
-    return slots * settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
+    return slots * shards_per_slot(shard_seconds)

@@ -11,22 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from django.utils import timezone
 
 from portal.catalog.models import ModelThroughput
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services import scheduler
+from portal.jobs.services.finished_inbox import DRAIN_LOCK_KEY, INBOX_KEY, drain, shard_finished_report
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
+from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
 from portal.scheduling.usage import usage_read
 from portal.tenancy.models import FairShareUsage
 from tasks.config import gpu_queue
 from tasks.heartbeat import FLEET_KEY_PREFIX
 from tasks.redis_client import redis_client
-from tasks.specs import ShardManifest, commit_uri
-from tasks.storage import store_for
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,29 +79,6 @@ def _callbacks_overdue(*jobs: Job) -> None:
     Shard.objects.filter(job__in=jobs, status=ShardStatus.DISPATCHED).update(dispatched_at=sent_at)
 
 
-def _commit(shard: Shard, *, compute_seconds: float) -> None:
-    manifest = ShardManifest(
-        job_id=str(shard.job_id),
-        shard_index=shard.index,
-        attempt_id=uuid.uuid4().hex,
-        worker="w@test",
-        pid=1,
-        output_uri=shard.prefix_uri + "/out.jsonl",
-        errors_uri=shard.prefix_uri + "/errors.jsonl",
-        records=shard.record_count,
-        succeeded=shard.record_count,
-        failed=0,
-        started_at=time.time() - compute_seconds,
-        finished_at=time.time(),
-        compute_seconds=compute_seconds,
-        load_seconds=0.0,
-        cache_hit=True,
-        model_loads=1,
-    )
-    uri = commit_uri(shard.prefix_uri)
-    store_for(uri).put_if_absent(uri, orjson.dumps(manifest.to_dict()))
-
-
 def test_a_queue_gets_no_more_than_its_window_shared_by_weight(gpu_class: Any, tmp_path: Path, settings: Any) -> None:
     settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 8
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
@@ -140,7 +117,7 @@ def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refill
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=3)
     schedule_queue(gpu_queue(gpu_class.name))
     first = job.shards.get(index=0)
-    _commit(first, compute_seconds=4.0)
+    write_commit(first, compute_seconds=4.0)
 
     shard_finished(job_id=str(job.pk), shard_index=0)
 
@@ -165,7 +142,7 @@ def test_the_merge_is_sent_once_no_shard_of_the_job_is_unsettled(
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)
     schedule_queue(gpu_queue(gpu_class.name))
     for shard in job.shards.order_by("index"):
-        _commit(shard, compute_seconds=1.0)
+        write_commit(shard, compute_seconds=1.0)
         shard_finished(job_id=str(job.pk), shard_index=shard.index)
         merges_expected = [str(job.pk)] if shard.index == 1 else []
         assert merges == merges_expected
@@ -178,9 +155,9 @@ def test_one_job_with_an_impossible_commit_fails_alone_and_the_sweep_goes_on(gpu
     healthy = _running_job(tenant, model, tmp_path, shards=1)
     schedule_queue(gpu_queue(gpu_class.name))
     bad = broken.shards.get()
-    _commit(bad, compute_seconds=1.0)
+    write_commit(bad, compute_seconds=1.0)
     Shard.objects.filter(pk=bad.pk).update(record_count=99)  # the commit no longer accounts for the shard
-    _commit(healthy.shards.get(), compute_seconds=1.0)
+    write_commit(healthy.shards.get(), compute_seconds=1.0)
     _callbacks_overdue(broken, healthy)
 
     try:
@@ -207,7 +184,7 @@ def test_a_job_whose_storage_cannot_be_read_is_left_for_the_next_sweep_and_the_o
     healthy = _running_job(tenant, model, tmp_path, shards=1)
     schedule_queue(gpu_queue(gpu_class.name))
     Shard.objects.filter(job=unreachable).update(prefix_uri="gs://elsewhere/shard-0")  # no store serves gs://
-    _commit(healthy.shards.get(), compute_seconds=1.0)
+    write_commit(healthy.shards.get(), compute_seconds=1.0)
     _callbacks_overdue(unreachable, healthy)
 
     try:
@@ -319,3 +296,92 @@ def test_no_copy_while_shards_wait_to_be_sent_or_with_speculation_off(
     settings.BATCHERY_SPECULATION = False
     assert schedule_queue(queue) == 0
     assert not job.shards.exclude(speculative_task_id="").exists()
+
+
+def test_endings_that_arrive_while_a_batch_is_settled_are_settled_next_in_one_tick(
+    gpu_class: Any, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 4
+    queue = gpu_queue(gpu_class.name)
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=8)
+    schedule_queue(queue)
+    for shard in job.shards.filter(status=ShardStatus.DISPATCHED):
+        write_commit(shard, compute_seconds=1.0)
+    client = redis_client()
+    ticks = Counter[str]()
+    schedule = scheduler.schedule_queue
+    monkeypatch.setattr(scheduler, "schedule_queue", lambda q: ticks.update([q]) or schedule(q))
+
+    # Another callback is settling a batch: these endings wait for it, and their callbacks return.
+    held = client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=30)
+    assert held.acquire(blocking=False)
+    for index in range(4):
+        shard_finished_report(job_id=str(job.pk), shard_index=index, queue=queue)
+    assert _dispatched(job) == 4 and not job.shards.filter(status=ShardStatus.SUCCEEDED).exists()
+    held.release()
+
+    assert drain(client, queue) == 4, "the drainer looks again after letting go"
+
+    assert job.shards.filter(status=ShardStatus.SUCCEEDED).count() == 4
+    assert _dispatched(job) == 4, "the four places freed were refilled"
+    assert ticks == {queue: 1}, "one scheduling tick for the whole batch"
+    assert ModelThroughput.objects.get(model=model, gpu_class=gpu_class).observations == 4
+    assert client.llen(INBOX_KEY.format(queue=queue)) == 0
+
+
+def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    from portal.jobs.services import finished_inbox
+
+    queue = gpu_queue(gpu_class.name)
+    inbox = INBOX_KEY.format(queue=queue)
+    client = redis_client()
+
+    def database_down(endings: Any) -> None:
+        raise OperationalError("the database restarts")
+
+    monkeypatch.setattr(finished_inbox, "shards_finished", database_down)
+    try:
+        client.rpush(inbox, b"job-a:3", b"job-b:1")
+        with pytest.raises(OperationalError):
+            shard_finished_report(job_id="job-a", shard_index=4, queue=queue)
+
+        assert client.lrange(inbox, 0, -1) == [b"job-a:3", b"job-b:1", b"job-a:4"]
+        assert client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=5).acquire(blocking=False)
+    finally:
+        client.delete(inbox, DRAIN_LOCK_KEY.format(queue=queue))
+
+
+def test_short_shards_get_more_places_a_slot_up_to_a_second_of_work_and_a_cap(settings: Any) -> None:
+    settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT = 2
+    settings.BATCHERY_SCHEDULER_SECONDS_AHEAD = 1.0
+    settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = 64
+    assert capacity.shards_per_slot(None) == 2
+    assert capacity.shards_per_slot(30.0) == 2, "long shards: the one running and the next"
+    assert capacity.shards_per_slot(0.1) == 10
+    assert capacity.shards_per_slot(0.0001) == 64
+
+
+def test_the_longest_waiting_shard_sizes_the_window_so_a_late_tenant_waits_no_longer(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    queue = gpu_queue(gpu_class.name)
+    client = redis_client()
+    key = f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:0:-"
+    client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
+    try:
+        model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+        tiny = _running_job(TenantFactory(name="tiny"), model, tmp_path, shards=40)
+        Shard.objects.filter(job=tiny).update(estimated_seconds=0.05)
+        assert schedule_queue(queue) == 20, "a second of 50 ms shards for the one slot"
+
+        long = _running_job(TenantFactory(name="long"), model, tmp_path, shards=5)
+        Shard.objects.filter(job=long).update(estimated_seconds=10.0)
+        capacity._cached = None
+        assert schedule_queue(queue) == 0, "with 10 s shards waiting, the window is two shards again"
+    finally:
+        client.delete(key)

@@ -49,8 +49,8 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False) -> N
     """Send shards the scheduler claimed (marked dispatched, with their task ids) each as a chord of one;
     with `copies`, their speculative copies (under `speculative_task_id`).
 
-    The chord's callback and its error callback are both `shard_done`, which settles the shard and
-    fills its place again; see `portal.jobs.services.scheduler`.
+    The chord's callback and its error callback are both `shard_done`, which reports the ending to
+    its queue's inbox (`finished_inbox`), settled in batches; see `portal.jobs.services.scheduler`.
     """
     from tasks.run_shard import run_shard
     from tasks.shard_done import shard_done
@@ -67,8 +67,8 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False) -> N
             soft_time_limit=soft,
             time_limit=hard,
         )
-        callback = shard_done.si(str(job.id), shard.index).set(queue=CONTROL_QUEUE)
-        callback.on_error(shard_done.si(str(job.id), shard.index).set(queue=CONTROL_QUEUE))
+        callback = shard_done.si(str(job.id), shard.index, queue).set(queue=CONTROL_QUEUE)
+        callback.on_error(shard_done.si(str(job.id), shard.index, queue).set(queue=CONTROL_QUEUE))
         chord(group([header]), callback).apply_async()
 
 

@@ -58,6 +58,11 @@ logger = logging.getLogger(__name__)
 SCHEDULE_EVERY_S = 0.5
 """While planning, the scheduler is asked to send shards at the first one, then at most this often:
 a tick costs a queue lock and a few queries, and the shard callbacks refill the window in between."""
+SHARDS_PER_SLOT_AT_LEAST = 4
+"""A job of known size is cut into at least this many shards a slot (down to the minimum shard
+seconds): with two, a slot slower by a tenth, or an estimate off by as much, leaves the other slot
+idle for half a shard at the end; with four, for an eighth of the job's time a slot at most, while a
+shard's own cost (about 20 ms here) stays under 2 % of a one-second shard."""
 HEARTBEAT_EVERY_S = LEASE_TTL_S / 3
 """How often a live planner touches its job's `updated_at`: as often as it renews its plan lease, so
 that the job looks stale to the reconciler only when the lease too would have lapsed."""
@@ -87,30 +92,42 @@ class ShardCut:
     """Cutting by cost: a shard ends before its estimated seconds would pass this."""
     max_records: int = 10_000
     """Cutting by cost: a shard ends at this many records, whatever its estimate."""
+    first_seconds: float | None = None
+    """Cutting by cost: the first shard's target, doubled for each next one up to `target_seconds`,
+    so that a job's first results come within a second whatever its size (slow start), while
+    its later shards are as large as the target; None: every shard at the target."""
 
     @classmethod
     def for_job(cls, job: Job) -> ShardCut:
         cost = throughput_estimate(job.model)
         target = float(settings.BATCHERY_TARGET_SHARD_SECONDS)
         if job.total_records:
-            # Known at submission: two shards a slot at least, the input's bytes standing in for its characters.
+            # Known at submission: a few shards a slot at least, the input's bytes standing in for its characters.
             whole = cost.seconds(job.total_records, job.input_bytes)
-            spread = 2 * queue_slots(job_queue(job))
+            spread = SHARDS_PER_SLOT_AT_LEAST * queue_slots(job_queue(job))
             target = min(target, max(settings.BATCHERY_MIN_SHARD_SECONDS, whole / spread))
         return cls(
             cost=cost,
             shard_size=job.shard_size,
             target_seconds=target,
             max_records=settings.BATCHERY_MAX_SHARD_RECORDS,
+            first_seconds=settings.BATCHERY_FIRST_SHARD_SECONDS or None,
         )
 
-    def ends_before(self, *, records: int, seconds: float, next_seconds: float) -> bool:
-        """Whether a shard holding `records` records estimated at `seconds` ends before the next one."""
+    def target_of(self, shard_number: int) -> float:
+        """The estimated seconds at which the job's `shard_number`-th shard (from 0) ends."""
+        if self.first_seconds is None or shard_number >= 64:
+            return self.target_seconds
+        return min(self.target_seconds, self.first_seconds * 2**shard_number)
+
+    def ends_before(self, *, records: int, seconds: float, next_seconds: float, shard_number: int = 0) -> bool:
+        """Whether the `shard_number`-th shard (from 0), holding `records` records estimated at
+        `seconds`, ends before the next record."""
         if self.shard_size is not None:
             return records >= self.shard_size
         # A record dearer than the target still gets a shard: it is never cut before its first. The
         # tolerance keeps 20 records of 0.05 s in a 1 s shard although their float sum is 1.0000000000000002.
-        over = seconds + next_seconds > self.target_seconds * (1 + 1e-9)
+        over = seconds + next_seconds > self.target_of(shard_number) * (1 + 1e-9)
         return records >= self.max_records or (records > 0 and over)
 
 
@@ -148,9 +165,11 @@ class ShardCutter:
     """Follows `cut` over records in input order and says where each shard starts, writing nothing:
     the planner's `ShardWriter` and the dry run (`dry_run.py`) cut the same shards through it."""
 
-    def __init__(self, cut: ShardCut, *, input_field: str) -> None:
+    def __init__(self, cut: ShardCut, *, input_field: str, first_number: int = 0) -> None:
         self._cut = cut
         self._input_field = input_field
+        self._number = first_number
+        """The job's number (from 0) of the shard being cut: a replan goes on where the last stopped."""
         self._first = 0
         self._count = 0
         self._chars = 0
@@ -165,7 +184,7 @@ class ShardCutter:
         chars = len(value) if isinstance(value, str) else input_chars(value)
         seconds = self._cut.cost.seconds(1, chars)
         starts = self._count == 0 or self._cut.ends_before(
-            records=self._count, seconds=self._seconds, next_seconds=seconds
+            records=self._count, seconds=self._seconds, next_seconds=seconds, shard_number=self._number
         )
         if starts:
             self._end()
@@ -186,6 +205,7 @@ class ShardCutter:
             )
         )
         self._first += self._count
+        self._number += 1
         self._count = 0
         self._chars = 0
         self._seconds = 0.0
@@ -215,7 +235,7 @@ class ShardWriter:
         on_shard: Callable[[PlannedShard], None] | None = None,
     ) -> None:
         self._root = root
-        self._cutter = ShardCutter(cut, input_field=input_field)
+        self._cutter = ShardCutter(cut, input_field=input_field, first_number=first_index)
         self._first_index = first_index
         self._first_record = first_record
         self._on_shard = on_shard

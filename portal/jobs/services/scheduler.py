@@ -22,14 +22,15 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
 from portal.jobs.services.merge import job_merge_advance
-from portal.jobs.services.settle import UNSETTLED, Settled, shard_settle
+from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
+from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.jobs import shards_redispatched_record
 from portal.scheduling.capacity import queue_slots, queue_window
 from portal.scheduling.costs import shard_cost_estimate
@@ -75,7 +76,6 @@ def schedule_queue(queue: str) -> int:
         for row in rows:
             counts[str(row["job_id"])][row["status"]] = row["n"]
         in_flight = sum(c[ShardStatus.DISPATCHED] for c in counts.values())
-        free = queue_window(queue) - in_flight
         waiting = [job for job in jobs if counts[str(job.id)][ShardStatus.PENDING] > 0]
         if not waiting:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
@@ -83,10 +83,13 @@ def schedule_queue(queue: str) -> int:
             copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION else []
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
+        gpu_class_id = waiting[0].model.gpu_class_id
+        tenant_queues = _tenant_queues(waiting, counts, gpu_class_id)
+        longest = max(job.shard_cost for tenant in tenant_queues for job in tenant.jobs)
+        free = queue_window(queue, shard_seconds=longest / waiting[0].model.gpus_per_replica) - in_flight
         if free <= 0:
             return 0
-        gpu_class_id = waiting[0].model.gpu_class_id
-        chosen, _ = share_out(free, _tenant_queues(waiting, counts, gpu_class_id))
+        chosen, _ = share_out(free, tenant_queues)
         by_id = {str(job.id): job for job in waiting}
         charges: dict[int, float] = defaultdict(float)
         now = timezone.now()
@@ -205,18 +208,55 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
 def shard_finished(*, job_id: str, shard_index: int) -> None:
     """A shard's task returned or failed (its chord callback): settle it, refill its place, stitch
     what has finished, merge when all settled."""
-    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
-    shard = Shard.objects.get(job_id=job_id, index=shard_index)
-    if shard.status in UNSETTLED:
-        settled = shard_settle(job, shard)
+    shards_finished([(job_id, shard_index)])
+
+
+def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
+    """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them):
+    each shard's row is written on its own, but the usage ledger and the throughput fit once, each
+    queue is scheduled once and each job is looked at for its merge once, however many shards ended.
+
+    A job whose shard output contradicts its row fails; a database error goes up (the caller gives
+    the endings back and the task retries); any other error leaves that job's shards to the
+    reconciler's sweep and the other jobs are settled now."""
+    by_job: defaultdict[str, set[int]] = defaultdict(set)
+    for job_id, index in endings:
+        by_job[str(job_id)].add(int(index))
+    rows = Job.objects.select_related("model__gpu_class", "tenant").filter(pk__in=list(by_job))
+    jobs = {str(job.pk): job for job in rows}
+    ledger = SettleLedger()
+    settled_jobs: list[Job] = []
+    for job_id, indexes in by_job.items():
+        job = jobs.get(job_id)
+        if job is None:
+            continue  # deleted since: nothing to settle
+        try:
+            _settle_shards(job, indexes, ledger)
+        except (OperationalError, InterfaceError):
+            raise
+        except ValueError as exc:
+            job_fail(job_id=job_id, reason=f"refused inconsistent shard output: {exc}")
+            continue
+        except Exception:
+            logger.exception("job %s: settling shards %s failed; the reconciler tries again", job_id, sorted(indexes))
+            continue
+        settled_jobs.append(job)
+    ledger.flush()
+    for queue in sorted({job_queue(job) for job in jobs.values()}):
+        schedule_queue(queue)
+    for job in settled_jobs:
+        if not merge_when_settled(job):
+            # Stitch what has finished now, so the merge at the end has only the tail left.
+            job_merge_advance(job_id=str(job.id), holder="settle")
+
+
+def _settle_shards(job: Job, indexes: set[int], ledger: SettleLedger) -> None:
+    for shard in Shard.objects.filter(job=job, index__in=indexes, status__in=UNSETTLED).order_by("index"):
+        settled = shard_settle(job, shard, ledger)
         if settled is Settled.RETRY:
             shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
         elif settled is Settled.HELD:
             shard_hold_back(shard)
-    schedule_queue(job_queue(job))
-    if not merge_when_settled(job):
-        # Stitch what has finished now, so the merge at the end has only the tail left.
-        job_merge_advance(job_id=job_id, holder=f"shard {shard_index}")
 
 
 def shard_hold_back(shard: Shard) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
 from celery.result import AsyncResult
 
-from portal.catalog.throughput import throughput_observe
+from portal.catalog.throughput import throughput_observe_many
 from portal.jobs.models import Job, Shard, ShardStatus
 from portal.scheduling.costs import shard_cost_estimate, shard_cost_measured
 from portal.scheduling.usage import usage_charge
@@ -43,6 +44,29 @@ class Settled(enum.Enum):
 class TaskFailure:
     reason: str
     transient: bool
+
+
+@dataclass
+class SettleLedger:
+    """What settled shards add to the fair-share ledger and the throughput fit, written once for
+    many shards (`flush`): a batch of endings costs a few statements, not a few per shard."""
+
+    charges: defaultdict[int, defaultdict[int, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float))
+    )
+    """GPU class -> tenant -> GPU-seconds (a correction: measured less estimated)."""
+    observations: defaultdict[tuple[int, int], list[tuple[int, int, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """(model, GPU class) -> (records, chars, seconds) of each committed shard, in settling order."""
+
+    def flush(self) -> None:
+        for gpu_class_id, charges in self.charges.items():
+            usage_charge(charges=charges, gpu_class_id=gpu_class_id)
+        for (model_id, gpu_class_id), shards in self.observations.items():
+            throughput_observe_many(model_id=model_id, gpu_class_id=gpu_class_id, shards=shards)
+        self.charges.clear()
+        self.observations.clear()
 
 
 def task_failure(shard: Shard) -> TaskFailure | None:
@@ -108,20 +132,23 @@ def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed
     )
 
 
-def shard_settle(job: Job, shard: Shard) -> Settled:
-    """Look at an unsettled shard's commit and task; record what ended, say what is to be done."""
+def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None) -> Settled:
+    """Look at an unsettled shard's commit and task; record what ended, say what is to be done.
+
+    A committed shard's usage correction and throughput go into `ledger` (the caller flushes it);
+    without one, they are written at once."""
     manifest = read_manifest(shard)
     if manifest is not None:
         if shard_record_success(shard, manifest):
+            into = ledger or SettleLedger()
+            gpu_class_id = job.model.gpu_class_id
             correction = shard_cost_measured(job, manifest) - shard_cost_estimate(job, shard)
-            usage_charge(charges={job.tenant_id: correction}, gpu_class_id=job.model.gpu_class_id)
-            throughput_observe(
-                model_id=job.model_id,
-                gpu_class_id=job.model.gpu_class_id,
-                records=manifest.records,
-                chars=shard.input_chars,
-                seconds=manifest.compute_seconds,
+            into.charges[gpu_class_id][job.tenant_id] += correction
+            into.observations[(job.model_id, gpu_class_id)].append(
+                (manifest.records, shard.input_chars, manifest.compute_seconds)
             )
+            if ledger is None:
+                into.flush()
         return Settled.COMMITTED
     failure = task_failure(shard)
     if failure is None:

@@ -15,7 +15,7 @@ from django.db import connection
 from django.test import Client
 
 from portal.catalog.models import GpuClass, Model, ModelThroughput
-from portal.catalog.throughput import DECAY, CostModel, throughput_estimate, throughput_observe
+from portal.catalog.throughput import DECAY, CostModel, throughput_estimate, throughput_observe, throughput_observe_many
 from tests.factories import GpuClassFactory, ModelFactory
 
 PER_RECORD = 0.004
@@ -178,3 +178,22 @@ def test_the_admin_shows_a_models_learned_rates_read_only(minilm: Model) -> None
     assert re.search(r'field-per_record_s">\s*<p>0.1</p>', page)
     assert re.search(r'field-per_char_s">\s*<p>0</p>', page)
     assert 'name="throughputs-0-gpu_class"' not in page  # shown, not editable
+
+
+@pytest.mark.django_db
+def test_shards_learned_from_together_weigh_what_they_weigh_one_at_a_time(minilm: Model) -> None:
+    rng = random.Random(5)
+    shards = [(n := rng.randint(10, 500), n * rng.randint(20, 1000), rng.uniform(0.5, 9.0)) for _ in range(40)]
+    other = GpuClassFactory(name="batched")
+    for records, chars, seconds in shards[:7]:
+        _observe(minilm, records, chars, seconds)
+        _observe(minilm, records, chars, seconds, gpu_class=other)
+    for records, chars, seconds in shards[7:]:
+        _observe(minilm, records, chars, seconds)
+    throughput_observe_many(model_id=minilm.pk, gpu_class_id=other.pk, shards=shards[7:])
+
+    one_at_a_time = ModelThroughput.objects.get(model=minilm, gpu_class=minilm.gpu_class)
+    together = ModelThroughput.objects.get(model=minilm, gpu_class=other)
+    assert together.observations == one_at_a_time.observations == 40
+    for name in ("weight", "sum_rr", "sum_rc", "sum_cc", "sum_rt", "sum_ct"):
+        assert getattr(together, name) == pytest.approx(getattr(one_at_a_time, name), rel=1e-9), name

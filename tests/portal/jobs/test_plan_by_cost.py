@@ -27,6 +27,12 @@ PER_CHAR = 0.0002  # a 500-character text costs 0.101 s, a 50-character one 0.01
 SHORT, LONG = "s" * 50, "L" * 500
 
 
+@pytest.fixture(autouse=True)
+def _no_slow_start(settings: Any) -> None:
+    """These tests look at cutting at the target; the slow start of a job's first shards has its own."""
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 0
+
+
 def _learn(model: Model) -> None:
     """Finished shards of varied length, so that the fit holds both rates."""
     for records, chars in [(100, 5_000), (100, 50_000), (50, 20_000), (200, 10_000)]:
@@ -199,3 +205,25 @@ def test_a_records_characters_count_its_texts_and_its_messages_contents() -> Non
     for _ in range(5_000):
         deep = [deep]
     assert input_chars([{"role": "user", "content": deep}]) == 3
+
+
+def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_results_come_at_once(
+    acme: Tenant,
+    minilm: Model,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 8
+    settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD = 0.05
+    path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
+
+    shards = _planned(
+        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+    )
+
+    # 0.5 s, 1 s, 2 s, 4 s, then the 8 s target at 0.05 s a record.
+    assert [shard.record_count for shard in shards[:6]] == [10, 20, 40, 80, 160, 160]
+    assert {shard.record_count for shard in shards[4:-1]} == {160}
+    assert sum(shard.record_count for shard in shards) == 4_000

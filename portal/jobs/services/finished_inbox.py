@@ -1,0 +1,78 @@
+"""Shard endings gathered per GPU queue and settled in batches.
+
+Each shard's chord callback (`batchery.shard_done`) puts its ending in the queue's inbox, a Redis
+list, and then drains the inbox unless another callback is draining it already. The drainer takes
+up to `DRAIN_BATCH` endings at a time and settles them together (`scheduler.shards_finished`): one
+scheduling tick, one ledger write and one merge look per job for the whole batch. A lone ending is
+settled at once, as before; under load, the endings that arrive while one batch is settled make
+the next batch, so the control plane's cost per shard falls as the fleet grows instead of
+serializing every callback on the queue's scheduling lock.
+
+The drainer looks at the inbox again after letting go of its lock, so an ending put there while it
+was letting go is never stranded. Endings a failed batch took are put back before the error goes
+up, and the task retries. If a drainer dies holding endings, their shards stay `dispatched` and the
+reconciler's sweep settles them (as it does for any lost callback).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import redis
+
+from portal.jobs.services.scheduler import shards_finished
+from tasks.redis_client import redis_client
+
+logger = logging.getLogger(__name__)
+
+INBOX_KEY = "batchery:shards-finished:{queue}"
+DRAIN_LOCK_KEY = "batchery:shards-finished:{queue}:drain"
+DRAIN_BATCH = 500
+"""Endings settled in one go: enough to amortize a tick over a burst, few enough for one transaction."""
+DRAIN_LOCK_TTL_S = 120
+"""A drainer that died lets go after this; a live one settles a batch in far less."""
+
+
+def shard_finished_report(*, job_id: str, shard_index: int, queue: str = "") -> None:
+    """A shard's task ended: settle it, with the other endings of its queue waiting to be settled."""
+    client = redis_client()
+    ending = f"{job_id}:{shard_index}"
+    try:
+        client.rpush(INBOX_KEY.format(queue=queue), ending)
+    except redis.RedisError:
+        # Without Redis there is nobody to batch with: settle this one alone.
+        shards_finished([(job_id, shard_index)])
+        return
+    drain(client, queue)
+
+
+def drain(client: redis.Redis, queue: str) -> int:
+    """Settle the queue's inbox until it is empty or another drainer holds it; return the endings settled."""
+    inbox = INBOX_KEY.format(queue=queue)
+    settled = 0
+    while True:
+        lock = client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=DRAIN_LOCK_TTL_S)
+        if not lock.acquire(blocking=False):
+            return settled  # the holder settles ours too: it looks again after letting go
+        try:
+            while raw := cast("list[bytes] | None", client.lpop(inbox, DRAIN_BATCH)):
+                endings = [_parse(item) for item in raw]
+                try:
+                    shards_finished(endings)
+                except Exception:
+                    client.lpush(inbox, *reversed(raw))
+                    raise
+                settled += len(endings)
+        finally:
+            try:
+                lock.release()
+            except redis.exceptions.LockError:
+                logger.warning("the settling lock of %s expired while held; batches may have overlapped", queue)
+        if not client.llen(inbox):
+            return settled
+
+
+def _parse(item: bytes) -> tuple[str, int]:
+    job_id, _, index = item.decode().rpartition(":")
+    return job_id, int(index)
