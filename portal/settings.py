@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "portal.ops",
     "portal.batches",
     "portal.audit",
+    "portal.webhooks",
     "portal.web",
 ]
 
@@ -190,13 +191,15 @@ BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, m
 # Default sharding (no shard_size given): the planner ends a shard before its estimated compute
 # seconds (portal.catalog.throughput) would pass the target, and at the record bound whatever the
 # estimate. A model that never ran is estimated at the default seconds a record. A job whose size
-# is known at submission is cut smaller, down to the minimum, so that it spreads over its class's
-# slots (four shards each) instead of filling one.
+# is known at submission is cut in shards that shrink towards its end (its work left over this many
+# shards a slot, down to the minimum; 0: none), so that it spreads over its class's slots and they
+# end together.
 BATCHERY_TARGET_SHARD_SECONDS = env_int("BATCHERY_TARGET_SHARD_SECONDS", 60, minimum=1)
 BATCHERY_MIN_SHARD_SECONDS = env_float("BATCHERY_MIN_SHARD_SECONDS", 1.0, minimum=0.001)
+BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int("BATCHERY_GUIDED_SHARDS_PER_SLOT", 2, minimum=0)
 # A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
 # the target: its first results come within a second whatever its size (0: every shard at the target).
-BATCHERY_FIRST_SHARD_SECONDS = env_float("BATCHERY_FIRST_SHARD_SECONDS", 0.5, minimum=0.0)
+BATCHERY_FIRST_SHARD_SECONDS = env_float("BATCHERY_FIRST_SHARD_SECONDS", 0.25, minimum=0.0)
 BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)
 BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float("BATCHERY_DEFAULT_SECONDS_PER_RECORD", 0.05, minimum=0.0)
 
@@ -227,6 +230,8 @@ SPECTACULAR_SETTINGS = {
     # The docs page's assets are served from here, not a CDN: deployments may have no internet.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # Several models have a `status`: each choice set keeps a name of its own in the schema.
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "portal.jobs.models.JobStatus"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "portal.api.schema.add_error_responses",
@@ -234,6 +239,8 @@ SPECTACULAR_SETTINGS = {
 }
 # Uploaded inputs (REST and /v1/files) larger than this are refused with 413.
 BATCHERY_MAX_UPLOAD_BYTES = env_int("BATCHERY_MAX_UPLOAD_BYTES", 200 * 1024 * 1024, minimum=1)
+# The shortest `expires_after` / `output_expires_after` accepted: an hour, as at OpenAI; tests lower it.
+BATCHERY_FILE_EXPIRY_MIN_SECONDS = env_int("BATCHERY_FILE_EXPIRY_MIN_SECONDS", 3600, minimum=1)
 # Storage URI prefixes every tenant's API callers may read job inputs from, besides their uploads and
 # their tenant's `storage_prefixes` (comma-separated, e.g. "file:///srv/datasets,s3://datasets").
 BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
@@ -244,3 +251,26 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # Flower, linked from the fleet pages for staff only: the address staff's browsers reach it at (it
 # may differ from where it listens, behind a proxy). `manage.py up` points it at its own Flower.
 BATCHERY_FLOWER_URL = env_str("BATCHERY_FLOWER_URL", "http://127.0.0.1:5555/")
+
+
+def _retry_delays(name: str, default: list[str]) -> tuple[float, ...]:
+    raw = env_list(name, default)
+    try:
+        delays = tuple(float(value) for value in raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={','.join(raw)!r} is not a list of seconds") from None
+    if any(delay < 0 for delay in delays):
+        raise ImproperlyConfiguredEnv(f"{name}: delays may not be negative")
+    return delays
+
+
+# Webhooks (portal.webhooks). Deliveries go to public addresses only: a URL whose host resolves to a
+# loopback, link-local, private or reserved address is refused unless its host (or host:port) is
+# listed here (comma-separated, e.g. "127.0.0.1:9000,hooks.internal"). A failed delivery is tried
+# again after each delay in turn (seconds), then given up; `job.progress` goes out at most this often per job.
+BATCHERY_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("BATCHERY_WEBHOOK_ALLOWED_HOSTS", [])]
+BATCHERY_WEBHOOK_RETRY_DELAYS_S = _retry_delays(
+    "BATCHERY_WEBHOOK_RETRY_DELAYS_S", ["5", "30", "120", "600", "1800", "7200", "21600"]
+)
+BATCHERY_WEBHOOK_TIMEOUT_S = env_float("BATCHERY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+BATCHERY_WEBHOOK_PROGRESS_EVERY_S = env_float("BATCHERY_WEBHOOK_PROGRESS_EVERY_S", 30.0, minimum=0.001)

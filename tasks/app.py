@@ -14,7 +14,14 @@ from tasks.config import celery_settings
 
 SLOT_TASK_MODULES = ("tasks.run_shard", "tasks.diagnostics")
 """Tasks of GPU (and `cpu`) queues: no database, only the broker and the store."""
-CONTROL_TASK_MODULES = ("tasks.plan", "tasks.merge", "tasks.shard_done", "tasks.reconcile", "tasks.finalize_batch")
+CONTROL_TASK_MODULES = (
+    "tasks.plan",
+    "tasks.merge",
+    "tasks.shard_done",
+    "tasks.reconcile",
+    "tasks.finalize_batch",
+    "tasks.webhooks",
+)
 """Tasks of the `control` queue, near the database (`tasks.control.ControlTask`)."""
 
 app = Celery("batchery")

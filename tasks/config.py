@@ -138,6 +138,8 @@ def celery_settings() -> dict[str, object]:
             "batchery.shard_done": {"queue": CONTROL_QUEUE},
             "batchery.reconcile": {"queue": CONTROL_QUEUE},
             "batchery.finalize_batch": {"queue": CONTROL_QUEUE},
+            "batchery.deliver_webhook": {"queue": CONTROL_QUEUE},
+            "batchery.webhooks_sweep": {"queue": CONTROL_QUEUE},
         },
         "beat_schedule": {
             "reconcile": {
@@ -145,7 +147,13 @@ def celery_settings() -> dict[str, object]:
                 "schedule": float(RECONCILE_INTERVAL_S),
                 # A reconcile that waited longer than its interval is stale; the next one replaces it.
                 "options": {"expires": float(RECONCILE_INTERVAL_S)},
-            }
+            },
+            # Webhook retries delayed past the task's countdown bound, and deliveries whose message was lost.
+            "webhooks-sweep": {
+                "task": "batchery.webhooks_sweep",
+                "schedule": float(WEBHOOKS_SWEEP_INTERVAL_S),
+                "options": {"expires": float(WEBHOOKS_SWEEP_INTERVAL_S)},
+            },
         },
         "worker_hijack_root_logger": False,
     }
@@ -159,3 +167,4 @@ SHARD_MAX_ATTEMPTS = env_int("BATCHERY_SHARD_MAX_ATTEMPTS", 40, minimum=2)
 # Times a shard may be dispatched (lost messages, timeouts) before it fails for good.
 SHARD_MAX_DISPATCHES = env_int("BATCHERY_SHARD_MAX_DISPATCHES", 8, minimum=1)
 RECONCILE_INTERVAL_S = env_int("BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1)
+WEBHOOKS_SWEEP_INTERVAL_S = 60

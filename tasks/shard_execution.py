@@ -26,6 +26,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from gpuworkers import metrics
 from gpuworkers.batching import RecordResult, run_records
 from gpuworkers.cache import process_cache
+from gpuworkers.engines.embeddings import EmbeddingInputs
 from gpuworkers.settings import device, micro_batch_size
 from tasks import slot_state
 from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
@@ -112,6 +113,8 @@ def _run_attempt(
     labels = metrics.model_labels(spec.model.name)
     cache = process_cache()
     lookup = cache.get(spec.model, device=device())
+    # Every embedding engine takes lists of texts and `dimensions` the same way, through one wrapper.
+    engine = EmbeddingInputs(lookup.engine) if spec.model.task == "embed" else lookup.engine
     items = _read_items(spec)
     chunk = int(spec.params.get("micro_batch_size", micro_batch_size()))
 
@@ -135,7 +138,7 @@ def _run_attempt(
         checkpointed = run_checkpointed(
             store=store,
             prefix=join_uri(spec.shard_prefix, "bisect"),
-            engine=lookup.engine,
+            engine=engine,
             items=items,
             params=dict(spec.params),
             chunk=chunk,
@@ -147,7 +150,7 @@ def _run_attempt(
         lines = None if checkpointed is None else _from_lines(checkpointed)
     else:
         results = run_records(
-            lookup.engine,
+            engine,
             items,
             params=spec.params,
             micro_batch_size=chunk,

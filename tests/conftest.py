@@ -98,6 +98,9 @@ def pipeline_workers(
     env = {**os.environ, **s3_service.env}
     env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    # Webhook tests' receivers listen on 127.0.0.1, explicitly allowed; their retries come fast.
+    env["BATCHERY_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
+    env["BATCHERY_WEBHOOK_RETRY_DELAYS_S"] = "0.2,0.2"
     log_dir = ARTIFACTS / "logs"
     workers = {
         "control": start_worker("control", "control", env=env, log_dir=log_dir),

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from django.http import StreamingHttpResponse
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 
+from portal.jobs.services.partial import PartialOutput
 from tasks.storage import store_for
 
 CHUNK_BYTES = 256 * 1024
@@ -28,6 +29,17 @@ def stream_object(uri: str, *, filename: str, content_type: str = "application/j
     response = StreamingHttpResponse(chunks(), content_type=content_type)
     response["Content-Length"] = str(size)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+def stream_partial(partial: PartialOutput, *, filename: str) -> StreamingHttpResponse:
+    """A response streaming a job's partial output (JSONL), its counts in headers; its length is not
+    known ahead (that would cost a storage request per shard), so it goes without one."""
+    response = StreamingHttpResponse(partial.chunks(), content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["X-Batchery-Partial-Shards"] = str(partial.shards)
+    response["X-Batchery-Partial-Records"] = str(partial.records)
+    response["X-Batchery-Partial-Complete"] = "true" if partial.complete else "false"
     return response
 
 

@@ -4,6 +4,11 @@
 
 Details: `fields` (field → messages) for invalid requests, `lines` for bad input lines, `quota` for
 refusals by a quota.
+
+OpenAI's clients retry 408, 409, 429 and 5xx unless the header `x-should-retry` says otherwise. A
+request that can never succeed is answered with a status they do not retry, or with `x-should-retry:
+false`: every 409 here is a state conflict (a batch that has ended cannot be cancelled), not the lock
+timeout the clients retry it for, and a 429 for a quota that retrying cannot free.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ ERROR_TYPES = {
 class ApiError(exceptions.APIException):
     """An API error with a code, the field it concerns, and details added to the error object."""
 
+    retry: bool | None = None
+    """Sent, when set, as `x-should-retry`, which OpenAI's clients obey over the status."""
+
     def __init__(self, message: str, *, status_code: int, code: str, param: str | None = None, **details: Any) -> None:
         super().__init__(message, code)
         self.status_code = status_code
@@ -45,7 +53,10 @@ class ApiError(exceptions.APIException):
 
 
 def conflict(message: str) -> ApiError:
-    return ApiError(message, status_code=status.HTTP_409_CONFLICT, code="conflict")
+    """A request the object's state refuses; retrying at once gets the same answer."""
+    error = ApiError(message, status_code=status.HTTP_409_CONFLICT, code="conflict")
+    error.retry = False
+    return error
 
 
 def too_large(message: str) -> ApiError:
@@ -56,7 +67,9 @@ def submission_refused(exc: SubmissionError, *, field: str | None = None) -> Api
     """A refused submission as an API error: 429 for a quota, 400 naming the field otherwise."""
     if isinstance(exc, QuotaExceeded):
         quota = {"name": exc.quota, "limit": exc.limit, "current": exc.current, "requested": exc.requested}
-        return ApiError(exc.message, status_code=429, code="quota_exceeded", param=exc.quota, quota=quota)
+        error = ApiError(exc.message, status_code=429, code="quota_exceeded", param=exc.quota, quota=quota)
+        error.retry = exc.may_pass_later
+        return error
     param = field or exc.field
     details: dict[str, Any] = {"fields": {param: [exc.message]}}
     if exc.problems:
@@ -109,6 +122,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         body = {"code": "error", "message": str(response.data), "param": None}
     response.data = {"error": {"type": ERROR_TYPES.get(response.status_code, "server_error"), **body}}
+    if isinstance(exc, ApiError) and exc.retry is not None:
+        response["x-should-retry"] = "true" if exc.retry else "false"
     # Errors are JSON even where the negotiated renderer is a download's.
     response.content_type = "application/json"
     return response

@@ -20,6 +20,7 @@ from portal.jobs.services.submit import (
 )
 from portal.scheduling.usage import usage_by_class
 from portal.tenancy.models import ApiKey, Membership, Tenant
+from portal.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tasks.formats.inputs import FORMATS
 from tasks.formats.records import input_field_for
 
@@ -223,6 +224,12 @@ class DryRunReportSerializer(serializers.Serializer):
 class CatalogModelSerializer(serializers.ModelSerializer):
     gpu_class = serializers.CharField(source="gpu_class.name", read_only=True)
     input_field = serializers.SerializerMethodField(help_text="The record field this model reads.")
+    matryoshka_dimensions = serializers.ListField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        help_text="Embedding sizes the model was trained for (Matryoshka); jobs may ask for `dimensions` up to the "
+        "largest. Empty: its embeddings cannot be shortened.",
+    )
 
     class Meta:
         model = Model
@@ -237,6 +244,7 @@ class CatalogModelSerializer(serializers.ModelSerializer):
             "gpu_class",
             "gpus_per_replica",
             "default_params",
+            "matryoshka_dimensions",
             "is_default",
         ]
         read_only_fields = fields
@@ -320,3 +328,59 @@ class TenantShareSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
     def get_recent_gpu_seconds(self, tenant: Tenant) -> dict[str, float]:
         return usage_by_class(tenant.fair_share_usage.all())
+
+
+class WebhookEndpointSerializer(serializers.ModelSerializer):
+    """An endpoint as listed: its secret is shown once, at creation, never here."""
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["id", "url", "event_types", "enabled", "created_at"]
+        read_only_fields = fields
+
+
+class WebhookEndpointCreateSerializer(serializers.Serializer):
+    # A plain string: the service checks the URL, including single-label hosts an operator allows.
+    url = serializers.CharField(max_length=2000, help_text="http:// or https:// URL the events are POSTed to.")
+    event_types = serializers.MultipleChoiceField(
+        choices=EVENT_TYPES, required=False, allow_empty=False, help_text="Events to send; all of them if left out."
+    )
+
+
+class WebhookEndpointCreatedSerializer(WebhookEndpointSerializer):
+    secret = serializers.CharField(
+        read_only=True, help_text="The signing secret (Standard Webhooks, whsec_…); shown this once, never again."
+    )
+
+    class Meta(WebhookEndpointSerializer.Meta):
+        fields = [*WebhookEndpointSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class WebhookAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookAttempt
+        fields = ["number", "started_at", "duration_ms", "status_code", "error"]
+        read_only_fields = fields
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    attempts = WebhookAttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id",
+            "event_id",
+            "event_type",
+            "payload",
+            "status",
+            "attempt_count",
+            "next_attempt_at",
+            "last_status_code",
+            "last_error",
+            "created_at",
+            "delivered_at",
+            "attempts",
+        ]
+        read_only_fields = fields

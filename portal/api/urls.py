@@ -9,6 +9,7 @@ from portal.api.views.jobs import JobViewSet
 from portal.api.views.members import ApiKeyViewSet, MembershipViewSet
 from portal.api.views.tenants import TenantViewSet
 from portal.api.views.usage import UsageViewSet
+from portal.api.views.webhooks import WebhookEndpointViewSet
 
 router = DefaultRouter()
 router.include_root_view = False
@@ -18,6 +19,7 @@ router.register("usage", UsageViewSet, basename="usage")
 router.register("api-keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="member")
 router.register("tenants", TenantViewSet, basename="tenant")
+router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 
 app_name = "api"
 urlpatterns = router.urls

@@ -19,7 +19,7 @@ class BatchAdmin(admin.ModelAdmin):
 
 @admin.register(File)
 class FileAdmin(admin.ModelAdmin):
-    list_display = ["id", "tenant", "purpose", "filename", "bytes", "created_at"]
+    list_display = ["id", "tenant", "purpose", "filename", "bytes", "created_at", "expires_at"]
     list_filter = ["purpose", "tenant"]
     list_select_related = ["tenant"]
     search_fields = ["id", "filename"]

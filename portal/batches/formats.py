@@ -5,8 +5,9 @@ each body a whole request to the batch's endpoint. A Batchery job runs one model
 over records ``{"custom_id", <input field>}``. `convert_requests` checks an uploaded file against the
 batch's endpoint, splits each body into the model, the record's input and the job's params, and writes
 the job's input; a file whose lines disagree on the model or the params is refused, since a job cannot
-honour them. `convert_outputs` turns the job's output into OpenAI's output and error files, with the
-response bodies of OpenAI's endpoints (``CreateEmbeddingResponse``, ``ChatCompletion``, ``Completion``).
+honour them. An embeddings request's list of texts stays one record, embedded text by text on the worker.
+`convert_outputs` turns the job's output into OpenAI's output and error files, with the response bodies
+of OpenAI's endpoints (``CreateEmbeddingResponse``, ``ChatCompletion``, ``Completion``).
 
 No Django here: the views and tasks hand these functions open files.
 """
@@ -16,11 +17,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import orjson
+
+from tasks.formats.records import input_problem
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,11 @@ EMBEDDING_ENCODINGS = ("float", "base64")
 
 SHOWN_STRING_CHARS = 60
 """Characters of a wrong string value quoted in a problem's message."""
+
+DimensionsCheck = Callable[[str, Any], str | None]
+"""``(model name, dimensions) -> problem``: what is wrong with a request's ``dimensions`` for the model the
+catalog holds under that name, as the words after the field's name; None if nothing (or no such model,
+which the submission refuses by itself)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,7 @@ def convert_requests(
     endpoint: str,
     max_problems: int = 20,
     max_line_bytes: int,
+    dimensions_problem: DimensionsCheck | None = None,
 ) -> RequestConversion:
     """Check an OpenAI batch input file and write its requests to ``target`` as Batchery records.
 
@@ -126,8 +135,11 @@ def convert_requests(
 
     Good lines are written as they come, even when other lines are bad: the caller keeps ``target``
     only when the result is `RequestConversion.ok`. Raises `UnsupportedEndpoint` before reading anything.
+
+    ``dimensions_problem(model, dimensions)`` judges an embeddings request's ``dimensions`` against the
+    named model's catalog entry (what is wrong, or None); without it, no model takes ``dimensions``.
     """
-    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes)
+    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem)
     result = RequestConversion()
     seen_line = False
     for line_no, raw in _numbered_lines(source, max_line_bytes):
@@ -206,9 +218,12 @@ class _Reference:
 class _RequestChecker:
     """Checks lines one by one, remembering the custom_ids seen and the first good line."""
 
-    def __init__(self, endpoint: BatchEndpoint, max_line_bytes: int) -> None:
+    def __init__(
+        self, endpoint: BatchEndpoint, max_line_bytes: int, dimensions_problem: DimensionsCheck | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.max_line_bytes = max_line_bytes
+        self.dimensions_problem = dimensions_problem
         self.reference: _Reference | None = None
         self._first_lines: dict[str, int] = {}
 
@@ -240,6 +255,9 @@ class _RequestChecker:
         model = self._model(body.get("model"))
         value = _record_input(self.endpoint, body)
         params = {key: item for key, item in body.items() if key not in ("model", self.endpoint.input_field)}
+        if "dimensions" in params:
+            # Checked on every line, not only the first: each bad line is named.
+            self._check_dimensions(model, params["dimensions"])
         if self.reference is None:
             _check_params(self.endpoint, params)
             self.reference = _Reference(line, model, params)
@@ -248,6 +266,17 @@ class _RequestChecker:
         return orjson.dumps(
             {"custom_id": custom_id, self.endpoint.input_field: value}, option=orjson.OPT_APPEND_NEWLINE
         )
+
+    def _check_dimensions(self, model: str, dimensions: Any) -> None:
+        if self.endpoint.task != "embed":
+            message = f"body.dimensions is a parameter of /v1/embeddings, not of {self.endpoint.url}"
+        elif self.dimensions_problem is None:
+            message = "body.dimensions is not supported: no model here declares Matryoshka training"
+        elif (problem := self.dimensions_problem(model, dimensions)) is not None:
+            message = f"body.dimensions {problem}"
+        else:
+            return
+        raise _BadLine("invalid_param", message, "body.dimensions")
 
     def _custom_id(self, line: int, custom_id: Any) -> str:
         if not isinstance(custom_id, str) or not custom_id:
@@ -286,15 +315,21 @@ def _record_input(endpoint: BatchEndpoint, body: dict[str, Any]) -> Any:
             )
             raise _BadLine("invalid_input", message, name)
         return value
-    # Embeddings and completions take a text; Batchery runs one text a record, so a list of one is unwrapped.
+    if endpoint.task == "embed":
+        # A text or a list of texts, as the native API's records take them; a list of one is unwrapped,
+        # since its response is the same and a record of one text is the common, smaller one.
+        if (problem := input_problem(endpoint.input_field, value)) is not None:
+            raise _BadLine("invalid_input", f"body.{problem}", name)
+        return value[0] if isinstance(value, list) and len(value) == 1 else value
+    # Completions take a text; Batchery runs one prompt a record, so a list of one is unwrapped.
     if isinstance(value, str):
         return value
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         if len(value) == 1:
             return value[0]
         message = (
-            f"{name} holds {len(value)} texts, but Batchery runs one text a request: "
-            "give each text its own line and custom_id"
+            f"{name} holds {len(value)} prompts, but Batchery runs one prompt a request: "
+            "give each prompt its own line and custom_id"
         )
         raise _BadLine("invalid_input", message, name)
     raise _BadLine("invalid_input", _must(name, "a string (or a list of one string)", value), name)
@@ -413,7 +448,8 @@ def convert_outputs(
         if record.get("error") is None:
             body = _response_body(task, record["response"], model, created, _derived_id(task, batch_id, custom_id))
             if task == "embed" and encoding_format == "base64":
-                body["data"][0]["embedding"] = _base64_floats(body["data"][0]["embedding"])
+                for item in body["data"]:
+                    item["embedding"] = _base64_floats(item["embedding"])
             line.update(response={"status_code": 200, "request_id": request_id, "body": body}, error=None)
             output.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
             completed += 1
@@ -453,9 +489,14 @@ def _response_body(task: str, response: Mapping[str, Any], model: str, created: 
     usage = response["usage"]
     prompt_tokens = int(usage["prompt_tokens"])
     if task == "embed":
+        # A request of a list of texts got one embedding a text, in order ("embeddings"); one of a text, one.
+        embeddings = response["embeddings"] if "embeddings" in response else [response["embedding"]]
         return {
             "object": "list",
-            "data": [{"object": "embedding", "index": 0, "embedding": response["embedding"]}],
+            "data": [
+                {"object": "embedding", "index": index, "embedding": embedding}
+                for index, embedding in enumerate(embeddings)
+            ],
             "model": model,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class FileQuerySet(models.QuerySet["File"]):
+    def unexpired(self) -> FileQuerySet:
+        """Files not past their `expires_at`: an expired file is gone for the API before the sweep deletes it."""
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
 
 
 class File(models.Model):
@@ -22,7 +30,13 @@ class File(models.Model):
     filename = models.CharField(max_length=255)
     bytes = models.PositiveBigIntegerField()
     uri = models.CharField(max_length=1000)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Not `auto_now_add`: `expires_at` is counted from this moment, so the service sets both at once.
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="Past it the sweep deletes the file; empty: kept until deleted."
+    )
+
+    objects = FileQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
@@ -47,6 +61,11 @@ class Batch(models.Model):
     error_file = models.ForeignKey(File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     finalized_at = models.DateTimeField(null=True, blank=True, help_text="When the output files were written.")
+    output_expires_after_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The output and error files expire this long after they are written; empty: kept until deleted.",
+    )
 
     class Meta:
         ordering = ["-created_at"]

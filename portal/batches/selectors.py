@@ -5,9 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.urls import reverse
+from rest_framework.request import Request
+
 from portal.batches.models import Batch, File
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_progress
+from portal.jobs.services.partial import OFFERED_STATUSES
 
 # Job statuses while a batch runs, as OpenAI names them.
 RUNNING_STATUSES: dict[str, str] = {
@@ -70,8 +74,18 @@ def _errors(batch: Batch, status: str) -> dict[str, Any] | None:
     return None
 
 
-def batch_object(batch: Batch) -> dict[str, Any]:
-    """The batch as OpenAI's `Batch` object."""
+def _partial_output_url(job: Job | None, request: Request | None) -> str | None:
+    """The partial download of the batch's job while it runs (Batchery's output lines, not OpenAI's):
+    absolute where the request tells the host, else the path."""
+    if job is None or job.status not in OFFERED_STATUSES:
+        return None
+    path = reverse("api:job-output", kwargs={"pk": job.pk}) + "?partial=true"
+    return request.build_absolute_uri(path) if request is not None else path
+
+
+def batch_object(batch: Batch, *, request: Request | None = None) -> dict[str, Any]:
+    """The batch as OpenAI's `Batch` object, with one field of Batchery's own, `partial_output_url`
+    (OpenAI's clients keep fields they do not know)."""
     status = batch_status(batch)
     job = batch.job
     reached = {event.status: event.at for event in job.events.all()} if job is not None else {}
@@ -99,6 +113,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
         "cancelled_at": _seconds(ended_at) if status == "cancelled" else None,
         "request_counts": _request_counts(job),
         "metadata": batch.metadata,
+        "partial_output_url": _partial_output_url(job, request),
     }
 
 
@@ -112,6 +127,6 @@ def file_object(file: File) -> dict[str, Any]:
         "filename": file.filename,
         "purpose": file.purpose,
         "status": "processed",
-        "expires_at": None,
+        "expires_at": _seconds(file.expires_at),
         "status_details": None,
     }

@@ -5,10 +5,12 @@ Same keys, same tenant scoping, same roles and quotas as `/api/v1/`; the views o
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Mapping
+from typing import Any, cast
 
 from django.db.models import Q, QuerySet
-from django.http import StreamingHttpResponse
+from django.http import QueryDict, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -29,18 +31,33 @@ from portal.batches.services.files import FileRefused, file_delete, file_upload
 from portal.jobs.services.stop import CannotStop
 from portal.jobs.services.submit import QuotaExceeded
 from portal.jobs.services.uploads import UploadTooLarge
-from tasks.storage import StorageError
+from tasks.storage import StorageError, TransientStorageError
 
 TAGS = ["openai-batch"]
-PAGE_PARAMETERS = [
-    OpenApiParameter("after", str, description="The id of the last object of the previous page."),
+AFTER_PARAMETER = OpenApiParameter("after", str, description="The id of the last object of the previous page.")
+BATCH_PAGE_PARAMETERS = [
+    AFTER_PARAMETER,
     OpenApiParameter("limit", int, description="Objects per page, 1 to 100 (default 20)."),
 ]
+FILE_PAGE_PARAMETERS = [
+    AFTER_PARAMETER,
+    OpenApiParameter("limit", int, description="Objects per page, 1 to 10,000 (default 10,000)."),
+    OpenApiParameter("order", str, enum=["asc", "desc"], description="By `created_at` (default desc)."),
+    OpenApiParameter("purpose", str, description="Only files of this purpose."),
+]
+# A multipart field of an object, as the openai client encodes one: `expires_after[seconds]`.
+FORM_OBJECT_FIELD = re.compile(r"(?P<name>\w+)\[(?P<key>\w+)\]")
+
+
+class ExpiresAfterSerializer(serializers.Serializer):
+    anchor = serializers.CharField(max_length=20)
+    seconds = serializers.IntegerField()
 
 
 class FileUploadSerializer(serializers.Serializer):
     file = serializers.FileField()
     purpose = serializers.CharField(max_length=20)
+    expires_after = ExpiresAfterSerializer(required=False)
 
 
 class BatchCreateSerializer(serializers.Serializer):
@@ -48,11 +65,21 @@ class BatchCreateSerializer(serializers.Serializer):
     endpoint = serializers.CharField(max_length=50)
     completion_window = serializers.CharField(max_length=10)
     metadata = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, allow_null=True)
+    output_expires_after = ExpiresAfterSerializer(required=False)
 
 
-class PageSerializer(serializers.Serializer):
+class BatchPageSerializer(serializers.Serializer):
+    """OpenAI's paging of batches: newest first, up to 100 a page."""
+
     after = serializers.CharField(required=False, max_length=40)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+
+
+class FilePageSerializer(BatchPageSerializer):
+    """OpenAI's paging of files: up to 10,000 a page, either order, of one purpose."""
+
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=10_000, default=10_000)
+    order = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="desc")
     purpose = serializers.CharField(required=False, max_length=20)
 
 
@@ -60,18 +87,40 @@ def _not_found(kind: str, object_id: str) -> ApiError:
     return ApiError(f"no {kind} with id {object_id!r}", status_code=404, code="not_found", param="id")
 
 
-def _page(request: Request, queryset: QuerySet[Any], render: Any) -> Response:
-    """OpenAI's list shape: newest first, `after` the last id seen, `has_more` when there is more."""
-    query = PageSerializer(data=request.query_params)
+def _form_with_objects(data: QueryDict) -> dict[str, Any]:
+    """A multipart form as a dict, its `name[key]` fields gathered into an object `name`."""
+    plain: dict[str, Any] = {}
+    objects: dict[str, dict[str, Any]] = {}
+    for key in data:
+        match = FORM_OBJECT_FIELD.fullmatch(key)
+        if match is None:
+            plain[key] = data[key]
+        else:
+            objects.setdefault(match["name"], {})[match["key"]] = data[key]
+    return {**plain, **objects}
+
+
+def _page_query(serializer: type[serializers.Serializer], request: Request) -> Mapping[str, Any]:
+    """The list's parameters, checked: a bad one is a 400 naming it."""
+    query = serializer(data=request.query_params)
     query.is_valid(raise_exception=True)
-    after, limit = query.validated_data.get("after"), query.validated_data["limit"]
-    queryset = queryset.order_by("-created_at", "-id")
+    return query.validated_data
+
+
+def _page(queryset: QuerySet[Any], render: Any, query: Mapping[str, Any]) -> Response:
+    """OpenAI's list shape: ordered by `created_at` (newest first unless `order=asc`), `after` the last
+    id seen, `has_more` when there is more."""
+    after, limit = query.get("after"), query["limit"]
+    descending = query.get("order", "desc") == "desc"
+    queryset = queryset.order_by(*(("-created_at", "-id") if descending else ("created_at", "id")))
     if after:
         anchor = queryset.filter(pk=after).values("created_at", "id").first()
         if anchor is None:
             raise ApiError(f"no object with id {after!r} to page after", status_code=400, code="invalid", param="after")
+        beyond = "lt" if descending else "gt"
         queryset = queryset.filter(
-            Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
+            Q(**{f"created_at__{beyond}": anchor["created_at"]})
+            | Q(created_at=anchor["created_at"], **{f"id__{beyond}": anchor["id"]})
         )
     rows = list(queryset[: limit + 1])
     data = [render(row) for row in rows[:limit]]
@@ -89,20 +138,24 @@ def _page(request: Request, queryset: QuerySet[Any], render: Any) -> Response:
 class FilesView(APIView):
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(operation_id="v1_files_list", tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="listFiles", tags=TAGS, parameters=FILE_PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        files = File.objects.filter(tenant=request_access(request).tenant)
-        purpose = request.query_params.get("purpose")
-        if purpose:
-            files = files.filter(purpose=purpose)
-        return _page(request, files, file_object)
+        query = _page_query(FilePageSerializer, request)
+        files = File.objects.unexpired().filter(tenant=request_access(request).tenant)
+        if query.get("purpose"):
+            files = files.filter(purpose=query["purpose"])
+        return _page(files, file_object, query)
 
     @extend_schema(
-        tags=TAGS, request={"multipart/form-data": FileUploadSerializer}, responses={200: OpenApiTypes.OBJECT}
+        operation_id="createFile",
+        tags=TAGS,
+        request={"multipart/form-data": FileUploadSerializer},
+        responses={200: OpenApiTypes.OBJECT},
     )
     def post(self, request: Request) -> Response:
         refuse_oversized_request(request)
-        form = FileUploadSerializer(data=request.data)
+        # The multipart and form parsers give a QueryDict.
+        form = FileUploadSerializer(data=_form_with_objects(cast(QueryDict, request.data)))
         form.is_valid(raise_exception=True)
         upload = form.validated_data["file"]
         try:
@@ -111,6 +164,7 @@ class FilesView(APIView):
                 filename=upload.name or "batch.jsonl",
                 purpose=form.validated_data["purpose"],
                 chunks=upload.chunks(),
+                expires_after=form.validated_data.get("expires_after"),
             )
         except FileRefused as exc:
             raise ApiError(str(exc), status_code=400, code="invalid", param=exc.param) from None
@@ -121,16 +175,16 @@ class FilesView(APIView):
 
 class FileView(APIView):
     def _file(self, request: Request, file_id: str) -> File:
-        file = File.objects.filter(tenant=request_access(request).tenant, pk=file_id).first()
+        file = File.objects.unexpired().filter(tenant=request_access(request).tenant, pk=file_id).first()
         if file is None:
             raise _not_found("file", file_id)
         return file
 
-    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="retrieveFile", tags=TAGS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, file_id: str) -> Response:
         return Response(file_object(self._file(request, file_id)))
 
-    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="deleteFile", tags=TAGS, responses=OpenApiTypes.OBJECT)
     def delete(self, request: Request, file_id: str) -> Response:
         file = self._file(request, file_id)
         file_delete(file=file)
@@ -139,12 +193,20 @@ class FileView(APIView):
 
 class FileContentView(FileView):
     renderer_classes = DOWNLOAD_RENDERERS
+    http_method_names = ["get", "head", "options"]  # not the deletion it inherits
 
-    @extend_schema(tags=TAGS, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(
+        operation_id="downloadFile", tags=TAGS, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY}
+    )
     def get(self, request: Request, file_id: str) -> StreamingHttpResponse:  # type: ignore[override]
         file = self._file(request, file_id)
         try:
             return stream_object(file.uri, filename=file.filename, content_type="application/octet-stream")
+        except TransientStorageError as exc:
+            # Worth retrying, and the status says so (clients retry 5xx).
+            raise ApiError(
+                f"the content of {file_id} cannot be read now: {exc}", status_code=503, code="storage_unavailable"
+            ) from None
         except StorageError as exc:
             raise conflict(f"the content of {file_id} cannot be read: {exc}") from None
 
@@ -152,16 +214,21 @@ class FileContentView(FileView):
 class BatchesView(APIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(operation_id="v1_batches_list", tags=TAGS, parameters=PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        operation_id="listBatches", tags=TAGS, parameters=BATCH_PAGE_PARAMETERS, responses=OpenApiTypes.OBJECT
+    )
     def get(self, request: Request) -> Response:
         batches = (
             Batch.objects.select_related("job__model")
             .prefetch_related("job__events")
             .filter(tenant=request_access(request).tenant)
         )
-        return _page(request, batches, batch_object)
+        query = _page_query(BatchPageSerializer, request)
+        return _page(batches, lambda batch: batch_object(batch, request=request), query)
 
-    @extend_schema(tags=TAGS, request=BatchCreateSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="createBatch", tags=TAGS, request=BatchCreateSerializer, responses={200: OpenApiTypes.OBJECT}
+    )
     def post(self, request: Request) -> Response:
         form = BatchCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -174,12 +241,13 @@ class BatchesView(APIView):
                 endpoint=data["endpoint"],
                 completion_window=data["completion_window"],
                 metadata=data.get("metadata"),
+                output_expires_after=data.get("output_expires_after"),
             )
         except BatchRefused as exc:
             raise ApiError(str(exc), status_code=400, code="invalid", param=exc.param) from None
         except QuotaExceeded as exc:
             raise submission_refused(exc) from None
-        return Response(batch_object(batch), status=status.HTTP_200_OK)
+        return Response(batch_object(batch, request=request), status=status.HTTP_200_OK)
 
 
 class BatchView(APIView):
@@ -194,16 +262,18 @@ class BatchView(APIView):
             raise _not_found("batch", batch_id)
         return batch
 
-    @extend_schema(tags=TAGS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="retrieveBatch", tags=TAGS, responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(batch_object(self._batch(request, batch_id)))
+        return Response(batch_object(self._batch(request, batch_id), request=request))
 
 
 class BatchCancelView(BatchView):
-    @extend_schema(tags=TAGS, request=None, responses=OpenApiTypes.OBJECT)
+    http_method_names = ["post", "options"]  # not the retrieval it inherits
+
+    @extend_schema(operation_id="cancelBatch", tags=TAGS, request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, batch_id: str) -> Response:
         try:
             batch = batch_cancel(batch=self._batch(request, batch_id), actor=request_user(request))
         except CannotStop as exc:
             raise conflict(str(exc)) from None
-        return Response(batch_object(batch))
+        return Response(batch_object(batch, request=request))

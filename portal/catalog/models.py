@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from gpuworkers.spec import ModelSpec
+
+
+def validate_matryoshka_dimensions(value: Any) -> None:
+    """A list of distinct positive whole numbers, as the admin and the API must store it."""
+    if not isinstance(value, list) or not all(
+        isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in value
+    ):
+        raise ValidationError("Matryoshka dimensions must be a list of positive whole numbers, e.g. [768, 256, 64].")
+    if len(set(value)) != len(value):
+        raise ValidationError("Matryoshka dimensions must not repeat a size.")
 
 
 class GpuClass(models.Model):
@@ -47,6 +60,16 @@ class Model(models.Model):
     gpus_per_replica = models.PositiveSmallIntegerField(default=1)
     load_params = models.JSONField(default=dict, blank=True, help_text="Engine arguments used at load time.")
     default_params = models.JSONField(default=dict, blank=True, help_text="Run-time parameters jobs start from.")
+    matryoshka_dimensions = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_matryoshka_dimensions],
+        help_text=(
+            "Embedding models trained with Matryoshka representation learning: the sizes trained for, the largest "
+            "being the full embedding's, e.g. [768, 512, 256, 128, 64]. Requests may then ask for `dimensions` up to "
+            "the largest; empty: the model's embeddings cannot be shortened."
+        ),
+    )
     is_default = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -57,6 +80,24 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def dimensions_problem(self, dimensions: Any) -> str | None:
+        """What is wrong with a request's ``dimensions`` (a shortened embedding's size) for this model; None if nothing.
+
+        The text follows the field's name in a message, e.g. ``f"body.dimensions {problem}"``. Any size up to the
+        full one is allowed, as OpenAI allows for its own Matryoshka models; the sizes trained for keep the most
+        quality, as the catalog entry lists them.
+        """
+        if not self.matryoshka_dimensions:
+            return (
+                f"is not supported by model {self.name!r}: its catalog entry declares no Matryoshka training "
+                "(matryoshka_dimensions), so its embeddings cannot be shortened"
+            )
+        full = max(self.matryoshka_dimensions)
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= full:
+            shown = repr(dimensions) if isinstance(dimensions, int | float | str) else type(dimensions).__name__
+            return f"must be a whole number from 1 to {full}, the embedding size of model {self.name!r}, not {shown}"
+        return None
 
     def to_spec(self) -> ModelSpec:
         return ModelSpec(

@@ -1,4 +1,4 @@
-"""Reads of the catalog: which models a tenant may use."""
+"""Reads of the catalog: which models a tenant may use, and the model a request names."""
 
 from __future__ import annotations
 
@@ -21,3 +21,11 @@ def models_for_tenant(tenant: Tenant) -> QuerySet[Model]:
     if allowed_classes:
         models = models.filter(gpu_class__in=allowed_classes)
     return models
+
+
+def newest_enabled_model(name: str, version: str | None = None) -> Model | None:
+    """The model a request naming ``name`` (and ``version``) runs: the newest enabled one; None if there is none."""
+    models = Model.objects.select_related("gpu_class").filter(name=name, enabled=True)
+    if version:
+        models = models.filter(version=version)
+    return models.order_by("-created_at").first()

@@ -38,6 +38,7 @@ from portal.tenancy.services import tenant_get_or_create
 from tasks.storage.local import path_of
 
 MODEL_NAME = "bench-zero-embed"
+ONE_RECORD_JOBS = 30
 # Frames of Batchery's own code, for the profile's second table.
 OWN_CODE = ("portal/", "tasks/", "gpuworkers/")
 FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::\d+)?\)$")
@@ -64,6 +65,13 @@ class CeilingFigures:
     shard_job_seconds: float
     bytes_written: dict[str, int]
     """Bytes under the large job's root in storage, by kind."""
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each part of the stack spent on the one-record-shard job."""
+    floor_chords: int = 0
+    floor_seconds: float = 0.0
+    """Celery's own floor on the same workers: chords of one no-op task and a no-op callback."""
+    one_record_ms: list[float] = field(default_factory=list)
+    """One-record jobs, one after another: each one's submission to its end, from its own row."""
     profiles: list[Profile] = field(default_factory=list)
     profile_note: str = ""
 
@@ -74,6 +82,10 @@ class CeilingFigures:
     @property
     def ms_per_shard(self) -> float:
         return self.shard_job_seconds / self.shard_job_shards * 1000
+
+    @property
+    def floor_ms_per_chord(self) -> float:
+        return self.floor_seconds / self.floor_chords * 1000 if self.floor_chords else 0.0
 
 
 def _records(path: Path, count: int) -> Path:
@@ -117,6 +129,12 @@ def _run_job(tenant: Tenant, path: Path, *, shard_size: int | None, timeout_s: f
     return job, elapsed
 
 
+def _end_to_end_ms(job: Job) -> float:
+    """Submission to end as the job's row has them: the benchmark's polling adds nothing."""
+    assert job.finished_at is not None
+    return (job.finished_at - job.created_at).total_seconds() * 1000
+
+
 def bytes_written(job: Job) -> dict[str, int]:
     """Bytes under the job's root by kind; empty where storage is not `file://`."""
     if not job.output_uri.startswith("file://"):
@@ -136,6 +154,51 @@ def _drop_objects(job: Job) -> None:
     """Remove a measured job's objects: a 100,000-record output of 384 floats a record is hundreds of MB."""
     if job.output_uri.startswith("file://"):
         shutil.rmtree(path_of(job_root(job)), ignore_errors=True)
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far of the control worker and the launcher (each with its children), and of
+    every Redis and PostgreSQL server process on the machine."""
+    import psutil
+
+    def used(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            return 0.0  # ended since it was listed
+        return times.user + times.system
+
+    groups: dict[str, float] = {}
+    for name in ("control", "gpuworkers"):
+        root = psutil.Process(stack.processes[name].pid)
+        groups[name] = sum(used(process) for process in [root, *root.children(recursive=True)])
+    for name, binary in (("redis", "redis-server"), ("postgres", "postgres")):
+        groups[name] = sum(used(process) for process in psutil.process_iter(["name"]) if process.info["name"] == binary)
+    return groups
+
+
+def celery_floor(chords: int, *, queue: str, timeout_s: float = 300) -> float:
+    """Seconds for `chords` chords of one no-op task on `queue` with a no-op callback on the control
+    queue (Celery's built-in `celery.accumulate`), all sent at once, on the running workers: what
+    Celery itself costs a shard there, with nothing of Batchery's in the tasks."""
+    from celery import chord, group
+
+    from tasks.app import app
+    from tasks.config import CONTROL_QUEUE
+
+    accumulate = app.signature("celery.accumulate")
+    started = time.perf_counter()
+    results = [
+        chord(
+            group([accumulate.clone((n,)).set(queue=queue)]),
+            accumulate.clone((n,)).set(immutable=True, queue=CONTROL_QUEUE),
+        ).apply_async()
+        for n in range(chords)
+    ]
+    deadline = time.monotonic() + timeout_s
+    for result in results:
+        result.get(timeout=max(deadline - time.monotonic(), 0.1), interval=0.01)
+    return time.perf_counter() - started
 
 
 def _frame_name(frame: str) -> str:
@@ -185,7 +248,8 @@ def py_spy(pids: dict[str, int], output_dir: Path) -> Iterator[list[Path]]:
     """py-spy recording each pid and its children while the block runs; yields the raw files, written at the end."""
     binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     outputs = [output_dir / f"{name}.txt" for name in pids]
-    options = ["--subprocesses", "--format", "raw", "--rate", "200", "--nonblocking"]
+    # --gil: only threads holding the GIL, i.e. running Python: where the CPU goes, not the waits.
+    options = ["--subprocesses", "--format", "raw", "--rate", "200", "--nonblocking", "--gil"]
     recorders = [
         subprocess.Popen(
             [binary, "record", "--pid", str(pid), *options, "--output", str(out)],
@@ -241,7 +305,17 @@ def run_ceiling_bench(
         written = bytes_written(job)
         _drop_objects(job)
         say(f"ceiling: {shards:,} shards of one record ...")
+        before = cpu_seconds(stack)
         shard_job, shard_seconds = _run_job(tenant, one_a_shard, shard_size=1)
+        after = cpu_seconds(stack)
+        cpu = {name: after[name] - before.get(name, 0.0) for name in after}
+        say(f"ceiling: Celery's floor, {shards:,} chords of no-op tasks on the same workers ...")
+        floor_seconds = celery_floor(shards, queue="gpu.cpu")
+        say(f"ceiling: {ONE_RECORD_JOBS} one-record jobs, one after another ...")
+        one_record = _records(data / "records-1.jsonl", 1)
+        one_record_ms = [
+            _end_to_end_ms(_run_job(tenant, one_record, shard_size=None)[0]) for _ in range(ONE_RECORD_JOBS)
+        ]
         if profile:
             say("ceiling: both jobs again under py-spy ...")
             try:
@@ -271,16 +345,27 @@ def run_ceiling_bench(
         shard_job_shards=shard_job.shard_count,
         shard_job_seconds=shard_seconds,
         bytes_written=written,
+        cpu_seconds=cpu,
+        floor_chords=shards,
+        floor_seconds=floor_seconds,
+        one_record_ms=one_record_ms,
         profiles=profiles,
         profile_note=note,
     )
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def _render_profile(profile: Profile) -> list[str]:
     def share(count: int) -> str:
         return f"{count / max(profile.samples, 1):6.1%}"
 
-    lines = [f"profile of the {profile.label} job ({profile.samples} samples at 200 Hz, busy threads only)"]
+    lines = [f"profile of the {profile.label} job ({profile.samples} samples at 200 Hz of threads holding the GIL)"]
     lines += [f"  {share(count)}  process {name}" for name, count in profile.by_process]
     lines.append("  own time (innermost frame):")
     lines += [f"  {share(count)}  {name}" for name, count in profile.own_time]
@@ -300,6 +385,20 @@ def render_ceiling(figures: CeilingFigures) -> str:
         ("records/s per slot", f"{figures.records_per_s_per_slot:,.0f}", ">= 15,000"),
         (f"{figures.shard_job_shards:,} one-record shards", f"{figures.shard_job_seconds:.1f} s", ""),
         ("ms per shard", f"{figures.ms_per_shard:.2f}", "<= 5 ms"),
+        *(
+            (f"  CPU ms per shard, {name}", f"{seconds / figures.shard_job_shards * 1000:.2f}", "")
+            for name, seconds in sorted(figures.cpu_seconds.items())
+        ),
+        (
+            "Celery's floor, ms per chord",
+            f"{figures.floor_ms_per_chord:.2f}",
+            f"{figures.floor_chords:,} chords of a no-op task and a no-op callback, same workers",
+        ),
+        (
+            "one-record job, p50 / p99 ms",
+            f"{_percentile(figures.one_record_ms, 0.5):.0f} / {_percentile(figures.one_record_ms, 0.99):.0f}",
+            f"p50 <= 100 ms; {len(figures.one_record_ms)} jobs, submission to end",
+        ),
         ("bytes written per record", f"{total_bytes / figures.records:,.0f}", "all objects under the job's root"),
     ]
     rows += [

@@ -55,6 +55,10 @@ class PortalAccess:
     def can_manage_keys(self) -> bool:
         return self.allows(Membership.Role.ADMIN)
 
+    @property
+    def can_manage_webhooks(self) -> bool:
+        return self.allows(Membership.Role.ADMIN)
+
 
 def user_tenant_names(user: Any) -> tuple[str, ...]:
     """The names of the user's tenants, sorted."""

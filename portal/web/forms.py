@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from portal.catalog.models import Model
 from portal.jobs.services.submit import OUTPUT_FORMATS
+from portal.webhooks.models import EVENT_TYPES
 from tasks.formats.inputs import FORMATS
 
 FORMAT_LABELS = {"auto": "Detect from name and content", "jsonl": "JSONL", "csv": "CSV", "tsv": "TSV"}
@@ -96,4 +97,19 @@ class ApiKeyForm(forms.Form):
     )
     expires_in_days = forms.IntegerField(
         label="Expires in (days)", required=False, min_value=1, max_value=3650, help_text="Empty: never."
+    )
+
+
+class WebhookEndpointForm(forms.Form):
+    # A plain string: `webhook_endpoint_create` checks the URL (and single-label hosts an operator allows).
+    url = forms.CharField(
+        label="URL",
+        max_length=2000,
+        widget=forms.TextInput(attrs={"placeholder": "https://hooks.example.com/batchery"}),
+    )
+    event_types = forms.MultipleChoiceField(
+        label="Events",
+        choices=[(name, name) for name in EVENT_TYPES],
+        initial=list(EVENT_TYPES),
+        widget=forms.CheckboxSelectMultiple,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
-from portal.web.views import jobs, keys, pages
+from portal.web.views import jobs, keys, pages, webhooks
 
 pages_patterns: list[URLPattern | URLResolver] = [
     path("", jobs.dashboard, name="dashboard"),
@@ -22,6 +22,7 @@ pages_patterns: list[URLPattern | URLResolver] = [
     path("jobs/<uuid:job_id>/pause/", jobs.job_pause_view, name="job-pause"),
     path("jobs/<uuid:job_id>/resume/", jobs.job_resume_view, name="job-resume"),
     path("jobs/<uuid:job_id>/output/", jobs.job_download, {"name": "output"}, name="job-output"),
+    path("jobs/<uuid:job_id>/output/partial/", jobs.job_partial_download, name="job-output-partial"),
     path("jobs/<uuid:job_id>/errors/", jobs.job_download, {"name": "errors"}, name="job-errors"),
     path("models/", pages.models, name="models"),
     path("fleet/", pages.fleet, name="fleet"),
@@ -29,6 +30,8 @@ pages_patterns: list[URLPattern | URLResolver] = [
     path("usage/", pages.usage, name="usage"),
     path("api-keys/", keys.api_keys, name="api-keys"),
     path("api-keys/<int:key_id>/revoke/", keys.api_key_revoke, name="api-key-revoke"),
+    path("webhooks/", webhooks.webhooks, name="webhooks"),
+    path("webhooks/<int:endpoint_id>/delete/", webhooks.webhook_delete, name="webhook-delete"),
     path("tenant/", pages.tenant_switch, name="tenant-switch"),
 ]
 

@@ -10,7 +10,8 @@ on success), then by task:
 The schema is fixed when the first row group is written. `dim` is the length of the first
 successful row's embedding; when none of the first `rows_per_group` rows succeeded (typically a job
 whose every record failed) it is not known then, and `embedding` is a variable list<float32>
-instead. Error rows have a null embedding; embeddings of another length than the first are refused.
+instead. Error rows have a null embedding; embeddings of another length than the first are refused,
+and so is a record of several texts (``embeddings``), which has no row of its own to fill.
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ class _EmbedRows(_Rows):
             self._embeddings.append(None)
             self._prompt_tokens.append(None)
             return
+        if "embeddings" in response:
+            raise ParquetOutputError(
+                f"output line {line_no}: a record of several texts has several embeddings, and the Parquet output "
+                "holds one a row; ask for JSONL output, or give each text its own record"
+            )
         try:
             vector = np.asarray(response.get("embedding"), dtype=np.float32)
         except (TypeError, ValueError):

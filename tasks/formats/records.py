@@ -22,12 +22,19 @@ def input_field_for(task: str) -> str:
         raise ValueError(f"unknown model task {task!r}; known: {', '.join(sorted(TASK_INPUT_FIELDS))}") from None
 
 
+MAX_INPUT_TEXTS = 2048
+"""Texts one record's `input` may list, as OpenAI's embeddings endpoint allows in one request."""
+
+
 def input_problem(input_field: str, value: Any) -> str | None:
     """What is wrong with a record's input value for the task that reads `input_field`; None if nothing.
 
-    The shape every engine of the task needs: text for `input` and `prompt`, a non-empty list of
-    message objects for `messages`. Checked with the rest of the record, at submission or planning,
-    so that a wrong type refuses the input up front instead of failing its record at run time.
+    The shape every engine of the task needs: text for `prompt`, a non-empty list of message objects
+    for `messages`, and for `input` a text or a non-empty list of texts (an embedding model gives one
+    embedding a text, in order). Token arrays (lists of ints) are refused: they are ids of the
+    client's tokenizer (OpenAI's, for its clients), which mean nothing to another model's vocabulary.
+    Checked with the rest of the record, at submission or planning, so that a wrong type refuses the
+    input up front instead of failing its record at run time.
     """
     if input_field == TASK_INPUT_FIELDS["chat"]:
         if not isinstance(value, list) or not value:
@@ -36,8 +43,28 @@ def input_problem(input_field: str, value: Any) -> str | None:
             if not isinstance(message, dict):
                 return f"{input_field} must hold message objects; message {number} is {_json_kind(message)}"
         return None
+    if input_field == TASK_INPUT_FIELDS["embed"] and isinstance(value, list):
+        return _texts_problem(input_field, value)
     if not isinstance(value, str):
         return f"{input_field} must be a string, not {_json_kind(value)}"
+    return None
+
+
+def _texts_problem(input_field: str, texts: list[Any]) -> str | None:
+    if not texts:
+        return f"{input_field} must be a string or a non-empty array of strings, not an empty array"
+    if len(texts) > MAX_INPUT_TEXTS:
+        return f"{input_field} holds {len(texts)} texts, over the limit of {MAX_INPUT_TEXTS} a record"
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in texts) or all(
+        isinstance(item, list) for item in texts
+    ):
+        return (
+            f"{input_field} holds token ids, which Batchery does not take: token ids belong to the client's "
+            "tokenizer, not the model's; send the texts instead"
+        )
+    for number, text in enumerate(texts, 1):
+        if not isinstance(text, str):
+            return f"{input_field} must hold strings; item {number} is {_json_kind(text)}"
     return None
 
 

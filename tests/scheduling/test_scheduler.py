@@ -385,3 +385,32 @@ def test_the_longest_waiting_shard_sizes_the_window_so_a_late_tenant_waits_no_lo
         assert schedule_queue(queue) == 0, "with 10 s shards waiting, the window is two shards again"
     finally:
         client.delete(key)
+
+
+def test_a_queue_whose_tick_fails_does_not_keep_the_sweep_from_filling_the_others(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.app import app
+
+    other_class = GpuClassFactory(name=f"sched{uuid.uuid4().hex[:8]}")
+    broken = _running_job(
+        TenantFactory(name="a"), ModelFactory(name="m-a", gpu_class=gpu_class, is_default=False), tmp_path, shards=2
+    )
+    healthy = _running_job(
+        TenantFactory(name="b"), ModelFactory(name="m-b", gpu_class=other_class, is_default=False), tmp_path, shards=2
+    )
+    schedule = scheduler.schedule_queue
+
+    def tick(queue: str) -> int:
+        if queue == gpu_queue(gpu_class.name):
+            raise ConnectionError("the broker of this class is unreachable")
+        return schedule(queue)
+
+    monkeypatch.setattr(scheduler, "schedule_queue", tick)
+    try:
+        assert scheduler.schedule_all() == 2
+    finally:
+        with app.connection_for_write() as connection:
+            connection.SimpleQueue(gpu_queue(other_class.name)).clear()
+
+    assert (_dispatched(broken), _dispatched(healthy)) == (0, 2)

@@ -79,11 +79,21 @@ def test_many_records_with_unique_ids_need_no_second_pass() -> None:
     assert len(opened) == 1
 
 
+TOKEN_IDS_REFUSED = (
+    "input holds token ids, which Batchery does not take: token ids belong to the client's tokenizer, "
+    "not the model's; send the texts instead"
+)
+
+
 @pytest.mark.parametrize(
     ("input_field", "value", "expected"),
     [
         ("input", {"x": 1}, "input must be a string, not an object"),
-        ("input", ["a", "b"], "input must be a string, not an array"),
+        ("input", [], "input must be a string or a non-empty array of strings, not an empty array"),
+        ("input", ["a", 7.5], "input must hold strings; item 2 is a number"),
+        ("input", [101, 2023], TOKEN_IDS_REFUSED),
+        ("input", [[101, 2023]], TOKEN_IDS_REFUSED),
+        ("input", ["a"] * 2049, "input holds 2049 texts, over the limit of 2048 a record"),
         ("input", 7, "input must be a string, not a number"),
         ("input", None, "input must be a string, not null"),
         ("prompt", True, "prompt must be a string, not a boolean"),

@@ -116,6 +116,12 @@ def test_an_embedding_of_another_length_is_refused() -> None:
         _convert(rows, task="embed")
 
 
+def test_a_record_of_several_texts_is_refused_saying_what_to_do_instead() -> None:
+    several = {"custom_id": "b", "response": {"embeddings": [[1.0, 2.0], [3.0, 4.0]], "usage": {"prompt_tokens": 6}}}
+    with pytest.raises(ParquetOutputError, match=r"output line 2: a record of several texts .* ask for JSONL output"):
+        _convert([_embedding("a", [1.0, 2.0], 1), several], task="embed")
+
+
 def test_a_line_without_response_or_error_is_refused() -> None:
     with pytest.raises(ParquetOutputError, match="output line 1: neither a 'response' nor an 'error'"):
         _convert([{"custom_id": "a"}], task="generate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -26,7 +27,7 @@ def spec(tmp_path: Path) -> ShardSpec:
     shard_input = tmp_path / "input" / "shard-00000.jsonl"
     shard_input.parent.mkdir()
     records = [{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(5)]
-    records[2]["input"] = ["not", "a", "string"]
+    records[2]["input"] = {"text": "not a string"}
     shard_input.write_text("".join(json.dumps(record) + "\n" for record in records))
     return ShardSpec(
         job_id="job-1",
@@ -48,8 +49,23 @@ def test_an_attempt_writes_under_its_own_key_and_commits_its_manifest(spec: Shar
     assert read_commit(spec.shard_prefix) == manifest
     lines = [orjson.loads(line) for line in Path(manifest.output_uri.removeprefix("file://")).read_bytes().splitlines()]
     assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4"]
-    assert lines[2]["error"]["message"] == "ValueError: the input must be a string, not list"
+    assert lines[2]["error"]["message"] == "ValueError: the input must be a string, not dict"
     assert len(lines[0]["response"]["embedding"]) == 384
+
+
+def test_a_record_of_several_texts_gets_one_embedding_a_text_shortened_to_the_dimensions_asked(
+    spec: ShardSpec, tmp_path: Path
+) -> None:
+    listed = tmp_path / "input" / "listed.jsonl"
+    listed.write_text(json.dumps({"custom_id": "many", "input": ["one", "two", "three"]}) + "\n")
+    params = {**spec.params, "dimensions": 64}
+    manifest = execute_shard(replace(spec, record_count=1, input_uri=listed.as_uri(), params=params), worker="w1")
+
+    [line] = [
+        orjson.loads(line) for line in Path(manifest.output_uri.removeprefix("file://")).read_bytes().splitlines()
+    ]
+    assert [len(embedding) for embedding in line["response"]["embeddings"]] == [64, 64, 64]
+    assert manifest.prompt_tokens == line["response"]["usage"]["prompt_tokens"] == 9
 
 
 def test_a_redelivered_shard_returns_the_committed_manifest_and_writes_nothing(spec: ShardSpec, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.api.access import request_access, request_user
-from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
+from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object, stream_partial
 from portal.api.errors import conflict, submission_refused
 from portal.api.filters import JobFilter
 from portal.api.parsers import JSONParser
@@ -27,6 +27,7 @@ from portal.jobs.models import Job
 from portal.jobs.selectors import job_output_file, jobs_live_progress
 from portal.jobs.services.dry_run import job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
+from portal.jobs.services.partial import job_partial_output
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
@@ -42,12 +43,35 @@ DOWNLOAD_URLS = inline_serializer(
         "expires_in": serializers.IntegerField(),
     },
 )
+PARTIAL_HEADERS = [
+    OpenApiParameter(name, kind, OpenApiParameter.HEADER, description=f"With `partial`: {what}.", response=[200])
+    for name, kind, what in (
+        ("X-Batchery-Partial-Shards", int, "the shards whose records it holds, from the first"),
+        ("X-Batchery-Partial-Records", int, "its lines, one per record of those shards"),
+        ("X-Batchery-Partial-Complete", bool, "`true` when it is the final output (the job has ended)"),
+    )
+]
 ERROR_RESPONSES = {
     400: OpenApiResponse(description="Invalid request; `error.fields` and `error.lines` name the problems."),
     401: OpenApiResponse(description="No valid API key or session."),
     403: OpenApiResponse(description="Your role does not allow this."),
     404: OpenApiResponse(description="No such job in your tenant."),
 }
+
+
+class OutputQuerySerializer(serializers.Serializer):
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # Not a class attribute: there, `partial` would take the place of the serializer's own flag.
+        return {
+            "partial": serializers.BooleanField(
+                required=False,
+                default=False,
+                help_text=(
+                    "`true`: the records of the shards committed so far, from the first up to the first "
+                    "one not done, as JSONL whatever the output format; an ended job's whole output."
+                ),
+            )
+        }
 
 
 class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -167,11 +191,24 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         except StorageError as exc:
             raise conflict(f"the {name} file of job {job.id} cannot be read: {exc}") from None
 
-    @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
+    @extend_schema(
+        parameters=[OutputQuerySerializer, *PARTIAL_HEADERS],
+        responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()},
+    )
     @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)
     def output(self, request: Request, pk: str) -> StreamingHttpResponse:
-        """The output file: one line (or Parquet row) per input record, in input order."""
-        return self._download(self.get_object(), "output")
+        """The output file: one line (or Parquet row) per input record, in input order. With
+        `partial=true`, at any time: the lines of the shards committed so far, a prefix of the final
+        output that each later download extends, counted in the `X-Batchery-Partial-*` headers."""
+        job = self.get_object()
+        query = OutputQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        if not query.validated_data["partial"]:
+            return self._download(job, "output")
+        try:
+            return stream_partial(job_partial_output(job), filename=f"{job.id}-output.partial.jsonl")
+        except StorageError as exc:
+            raise conflict(f"the partial output of job {job.id} cannot be read: {exc}") from None
 
     @extend_schema(responses={(200, "application/jsonl"): OpenApiTypes.BINARY, 409: OpenApiResponse()})
     @action(detail=True, methods=["get"], renderer_classes=DOWNLOAD_RENDERERS)

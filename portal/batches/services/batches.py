@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.batches.formats import (
+    DimensionsCheck,
     UnsupportedEndpoint,
     convert_outputs,
     convert_requests,
@@ -23,10 +24,14 @@ from portal.batches.formats import (
     problems_to_openai_errors,
 )
 from portal.batches.models import Batch, File
+from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
+from portal.catalog.models import Model
+from portal.catalog.selectors import newest_enabled_model
 from portal.jobs.models import Job
 from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.tenancy.models import Tenant
+from portal.webhooks.services.events import webhook_batch_ended
 from tasks.formats.jsonl import MAX_LINE_BYTES
 from tasks.storage import join_uri, store_for
 
@@ -75,6 +80,20 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
     return dict(metadata)
 
 
+def _catalog_dimensions_problem() -> DimensionsCheck:
+    """`convert_requests`' judge of ``dimensions``: the catalog entry the request's model names, looked up once."""
+    models: dict[str, Model | None] = {}
+
+    def problem(name: str, dimensions: Any) -> str | None:
+        if name not in models:
+            models[name] = newest_enabled_model(name)
+        model = models[name]
+        # No such model: the submission refuses the batch naming body.model.
+        return None if model is None else model.dimensions_problem(dimensions)
+
+    return problem
+
+
 def batch_create(
     *,
     tenant: Tenant,
@@ -83,8 +102,10 @@ def batch_create(
     endpoint: str,
     completion_window: str,
     metadata: Any = None,
+    output_expires_after: Mapping[str, Any] | None = None,
 ) -> Batch:
     """Check the input file and start its job; a file with bad lines gives a batch that has `failed`.
+    Its output and error files expire as `output_expires_after` (OpenAI's policy) says.
 
     Raises `BatchRefused` for an invalid request, `QuotaExceeded` when a quota refuses the job.
     """
@@ -94,7 +115,11 @@ def batch_create(
         raise BatchRefused(str(exc), param="endpoint") from None
     window = _window_seconds(completion_window)
     checked_metadata = _check_metadata(metadata)
-    source_file = File.objects.filter(tenant=tenant, pk=input_file_id, purpose=File.Purpose.BATCH).first()
+    try:
+        output_expiry = expiry_seconds(output_expires_after, field="output_expires_after")
+    except ExpiryRefused as exc:
+        raise BatchRefused(str(exc), param=exc.param) from None
+    source_file = File.objects.unexpired().filter(tenant=tenant, pk=input_file_id, purpose=File.Purpose.BATCH).first()
     if source_file is None:
         raise BatchRefused(f"no batch input file {input_file_id!r}", param="input_file_id")
 
@@ -106,6 +131,7 @@ def batch_create(
         completion_window=completion_window,
         metadata=checked_metadata,
         input_file_id=source_file.id,
+        output_expires_after_seconds=output_expiry,
     )
     job_input = join_uri(_batch_prefix(batch.id), "input.jsonl")
     store = store_for(job_input)
@@ -116,12 +142,14 @@ def batch_create(
             endpoint=endpoint,
             max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
             max_line_bytes=MAX_LINE_BYTES,
+            dimensions_problem=_catalog_dimensions_problem(),
         )
     if not conversion.ok or conversion.model is None:
         store.delete_prefix(job_input)
         batch.validation_errors = problems_to_openai_errors(conversion.problems)
         batch.finalized_at = timezone.now()
         batch.save()
+        webhook_batch_ended(batch=batch)
         return batch
     try:
         with transaction.atomic():
@@ -130,7 +158,8 @@ def batch_create(
                 user=user,
                 model_name=conversion.model,
                 input_uri=job_input,
-                # Engines ignore what they do not use; `encoding_format` is read back at finalize.
+                # `dimensions` shortens embeddings on the worker; `encoding_format` (which engines ignore)
+                # is read back at finalize.
                 params=conversion.params,
                 deadline_seconds=window,
                 task=served.task,
@@ -180,6 +209,7 @@ def batch_finalize(*, batch_id: str) -> bool:
         locked.error_file = files.get("errors")
         locked.finalized_at = timezone.now()
         locked.save(update_fields=["output_file", "error_file", "finalized_at"])
+        webhook_batch_ended(batch=locked)
     return True
 
 
@@ -203,6 +233,7 @@ def _write_output_files(batch: Batch, job: Job) -> dict[str, File]:
             encoding_format=str(job.params.get("encoding_format", "float")),
         )
     files = {}
+    now = timezone.now()
     for kind, uri, count in (("output", output_uri, counts.completed), ("errors", errors_uri, counts.failed)):
         if count:
             files[kind] = File(
@@ -212,5 +243,8 @@ def _write_output_files(batch: Batch, job: Job) -> dict[str, File]:
                 filename=f"{batch.id}_{kind}.jsonl",
                 bytes=store.size(uri),
                 uri=uri,
+                created_at=now,
+                # OpenAI anchors `output_expires_after` at the file's creation, not the batch's.
+                expires_at=expires_at(now, batch.output_expires_after_seconds),
             )
     return files

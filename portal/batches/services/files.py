@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from portal.batches.models import File
+from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
 from portal.jobs.services.uploads import upload_store
 from portal.tenancy.models import Tenant
 from tasks.storage import store_for
@@ -23,13 +26,33 @@ def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
 
 
-def file_upload(*, tenant: Tenant, filename: str, purpose: str, chunks: Iterable[bytes]) -> File:
-    """Store an upload for a batch; raises `FileRefused` for a purpose other than `batch`."""
+def file_upload(
+    *,
+    tenant: Tenant,
+    filename: str,
+    purpose: str,
+    chunks: Iterable[bytes],
+    expires_after: Mapping[str, Any] | None = None,
+) -> File:
+    """Store an upload for a batch, to expire as `expires_after` (OpenAI's policy) says; raises
+    `FileRefused` for a purpose other than `batch` or a policy OpenAI would refuse."""
     if purpose != File.Purpose.BATCH:
         raise FileRefused(f"purpose must be 'batch' (got {purpose!r}); Batchery serves batches only", param="purpose")
+    try:
+        seconds = expiry_seconds(expires_after, field="expires_after")
+    except ExpiryRefused as exc:
+        raise FileRefused(str(exc), param=exc.param) from None
     uri, size = upload_store(tenant_id=tenant.pk, filename=filename, chunks=chunks)
+    now = timezone.now()
     return File.objects.create(
-        id=new_file_id(), tenant=tenant, purpose=File.Purpose.BATCH, filename=filename, bytes=size, uri=uri
+        id=new_file_id(),
+        tenant=tenant,
+        purpose=File.Purpose.BATCH,
+        filename=filename,
+        bytes=size,
+        uri=uri,
+        created_at=now,
+        expires_at=expires_at(now, seconds),
     )
 
 

@@ -56,7 +56,8 @@ def drain(client: redis.Redis, queue: str) -> int:
         if not lock.acquire(blocking=False):
             return settled  # the holder settles ours too: it looks again after letting go
         try:
-            while raw := cast("list[bytes] | None", client.lpop(inbox, DRAIN_BATCH)):
+            # One batch a hold of the lock: however long endings keep coming, the lock never outlives its TTL.
+            if raw := cast("list[bytes] | None", client.lpop(inbox, DRAIN_BATCH)):
                 endings = [_parse(item) for item in raw]
                 try:
                     shards_finished(endings)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
@@ -83,7 +83,7 @@ def _copy(uri: str, target: BinaryIO) -> None:
 def _write_outputs(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
     for outcome in outcomes:
         if outcome.manifest is None:
-            target.writelines(line for _, line in _unfinished_lines(outcome))
+            target.writelines(unfinished_shard_lines(outcome))
         else:
             _copy(outcome.manifest.output_uri, target)
 
@@ -91,7 +91,7 @@ def _write_outputs(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
 def _write_errors(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
     for outcome in outcomes:
         if outcome.manifest is None:
-            target.writelines(line for _, line in _unfinished_lines(outcome))
+            target.writelines(unfinished_shard_lines(outcome))
         else:
             _copy(outcome.manifest.errors_uri, target)
 
@@ -229,6 +229,12 @@ def _unfinished_lines(outcome: ShardOutcome) -> list[tuple[str, bytes]]:
         (custom_id, orjson.dumps({"custom_id": custom_id, "error": error}, option=orjson.OPT_APPEND_NEWLINE))
         for custom_id in ids
     ]
+
+
+def unfinished_shard_lines(outcome: ShardOutcome) -> Iterator[bytes]:
+    """What the output and the error file hold for a shard without a committed attempt: an error line
+    per record (the partial download, `portal.jobs.services.partial`, reads them here too)."""
+    return (line for _, line in _unfinished_lines(outcome))
 
 
 def _replacements(outcomes: list[ShardOutcome]) -> dict[str, bytes]:

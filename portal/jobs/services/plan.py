@@ -58,11 +58,6 @@ logger = logging.getLogger(__name__)
 SCHEDULE_EVERY_S = 0.5
 """While planning, the scheduler is asked to send shards at the first one, then at most this often:
 a tick costs a queue lock and a few queries, and the shard callbacks refill the window in between."""
-SHARDS_PER_SLOT_AT_LEAST = 4
-"""A job of known size is cut into at least this many shards a slot (down to the minimum shard
-seconds): with two, a slot slower by a tenth, or an estimate off by as much, leaves the other slot
-idle for half a shard at the end; with four, for an eighth of the job's time a slot at most, while a
-shard's own cost (about 20 ms here) stays under 2 % of a one-second shard."""
 HEARTBEAT_EVERY_S = LEASE_TTL_S / 3
 """How often a live planner touches its job's `updated_at`: as often as it renews its plan lease, so
 that the job looks stale to the reconciler only when the lease too would have lapsed."""
@@ -96,38 +91,59 @@ class ShardCut:
     """Cutting by cost: the first shard's target, doubled for each next one up to `target_seconds`,
     so that a job's first results come within a second whatever its size (slow start), while
     its later shards are as large as the target; None: every shard at the target."""
+    guided_spread: int = 0
+    """Cutting by cost, a job whose size is known at submission: each shard ends at the job's work
+    left divided by this many shards a slot (down to `min_seconds`): guided self-scheduling, in its
+    factoring variant. Shards shrink as the job nears its end, so its slots end together: a slot
+    slower by a tenth, or an estimate off by as much, leaves the others idle for a fraction of the
+    last, shortest shards, not of an average one. 0: no shrinking."""
+    total_records: int = 0
+    """The job's records, its estimated seconds, its queue's slots and the least seconds a shard is
+    cut at, for the guided shrinking."""
+    whole_seconds: float = 0.0
+    slots: int = 1
+    min_seconds: float = 0.0
 
     @classmethod
     def for_job(cls, job: Job) -> ShardCut:
         cost = throughput_estimate(job.model)
-        target = float(settings.BATCHERY_TARGET_SHARD_SECONDS)
-        if job.total_records:
-            # Known at submission: a few shards a slot at least, the input's bytes standing in for its characters.
-            whole = cost.seconds(job.total_records, job.input_bytes)
-            spread = SHARDS_PER_SLOT_AT_LEAST * queue_slots(job_queue(job))
-            target = min(target, max(settings.BATCHERY_MIN_SHARD_SECONDS, whole / spread))
         return cls(
             cost=cost,
             shard_size=job.shard_size,
-            target_seconds=target,
+            target_seconds=float(settings.BATCHERY_TARGET_SHARD_SECONDS),
             max_records=settings.BATCHERY_MAX_SHARD_RECORDS,
             first_seconds=settings.BATCHERY_FIRST_SHARD_SECONDS or None,
+            guided_spread=settings.BATCHERY_GUIDED_SHARDS_PER_SLOT,
+            total_records=job.total_records or 0,
+            # The input's bytes stand in for its characters.
+            whole_seconds=cost.seconds(job.total_records, job.input_bytes) if job.total_records else 0.0,
+            slots=queue_slots(job_queue(job)),
+            min_seconds=settings.BATCHERY_MIN_SHARD_SECONDS,
         )
 
-    def target_of(self, shard_number: int) -> float:
-        """The estimated seconds at which the job's `shard_number`-th shard (from 0) ends."""
-        if self.first_seconds is None or shard_number >= 64:
-            return self.target_seconds
-        return min(self.target_seconds, self.first_seconds * 2**shard_number)
+    def target_of(self, shard_number: int, *, records_before: int = 0) -> float:
+        """The estimated seconds at which the job's `shard_number`-th shard (from 0), starting after
+        `records_before` records, ends: the target, the slow start's, and near the end of a job of
+        known size its work left over `guided_spread` shards a slot, whichever is least."""
+        target = self.target_seconds
+        if self.first_seconds is not None and shard_number < 64:
+            target = min(target, self.first_seconds * 2**shard_number)
+        if self.total_records and self.guided_spread:
+            left = max(self.total_records - records_before, 0) / self.total_records * self.whole_seconds
+            target = min(target, max(self.min_seconds, left / (self.guided_spread * self.slots)))
+        return target
 
-    def ends_before(self, *, records: int, seconds: float, next_seconds: float, shard_number: int = 0) -> bool:
-        """Whether the `shard_number`-th shard (from 0), holding `records` records estimated at
-        `seconds`, ends before the next record."""
+    def ends_before(
+        self, *, records: int, seconds: float, next_seconds: float, shard_number: int = 0, records_before: int = 0
+    ) -> bool:
+        """Whether the `shard_number`-th shard (from 0), starting after `records_before` records and
+        holding `records` records estimated at `seconds`, ends before the next record."""
         if self.shard_size is not None:
             return records >= self.shard_size
         # A record dearer than the target still gets a shard: it is never cut before its first. The
         # tolerance keeps 20 records of 0.05 s in a 1 s shard although their float sum is 1.0000000000000002.
-        over = seconds + next_seconds > self.target_of(shard_number) * (1 + 1e-9)
+        target = self.target_of(shard_number, records_before=records_before)
+        over = seconds + next_seconds > target * (1 + 1e-9)
         return records >= self.max_records or (records > 0 and over)
 
 
@@ -165,11 +181,13 @@ class ShardCutter:
     """Follows `cut` over records in input order and says where each shard starts, writing nothing:
     the planner's `ShardWriter` and the dry run (`dry_run.py`) cut the same shards through it."""
 
-    def __init__(self, cut: ShardCut, *, input_field: str, first_number: int = 0) -> None:
+    def __init__(self, cut: ShardCut, *, input_field: str, first_number: int = 0, first_record: int = 0) -> None:
         self._cut = cut
         self._input_field = input_field
         self._number = first_number
         """The job's number (from 0) of the shard being cut: a replan goes on where the last stopped."""
+        self._before = first_record
+        """The job's records before the shard being cut."""
         self._first = 0
         self._count = 0
         self._chars = 0
@@ -184,7 +202,11 @@ class ShardCutter:
         chars = len(value) if isinstance(value, str) else input_chars(value)
         seconds = self._cut.cost.seconds(1, chars)
         starts = self._count == 0 or self._cut.ends_before(
-            records=self._count, seconds=self._seconds, next_seconds=seconds, shard_number=self._number
+            records=self._count,
+            seconds=self._seconds,
+            next_seconds=seconds,
+            shard_number=self._number,
+            records_before=self._before,
         )
         if starts:
             self._end()
@@ -205,6 +227,7 @@ class ShardCutter:
             )
         )
         self._first += self._count
+        self._before += self._count
         self._number += 1
         self._count = 0
         self._chars = 0
@@ -235,7 +258,7 @@ class ShardWriter:
         on_shard: Callable[[PlannedShard], None] | None = None,
     ) -> None:
         self._root = root
-        self._cutter = ShardCutter(cut, input_field=input_field, first_number=first_index)
+        self._cutter = ShardCutter(cut, input_field=input_field, first_number=first_index, first_record=first_record)
         self._first_index = first_index
         self._first_record = first_record
         self._on_shard = on_shard

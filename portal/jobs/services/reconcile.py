@@ -12,7 +12,9 @@ sweep, on the control queue:
   costs what went wrong, not how much runs;
 - merges running jobs whose shards are all settled but whose merge never came, and resumes merges
   and cancellations whose worker died;
-- publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them.
+- publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them;
+- deletes the `/v1/` files and batch outputs that expired (`portal/batches/services/expiry.py`), last and
+  on its own, so that a failure there never stops the sweep of jobs.
 Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
 harmless. Each job is swept on its own: one whose storage says something impossible fails alone.
 """
@@ -29,6 +31,7 @@ from dataclasses import asdict, dataclass
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.batches.services.expiry import files_expire
 from portal.catalog.services import catalog_publish
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import job_queue
@@ -62,6 +65,7 @@ class ReconcileReport:
     merged: int = 0
     failed_jobs: int = 0
     finalized: int = 0
+    expired_files: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -184,6 +188,14 @@ def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
         report.finalized += 1
 
 
+def _expire_files(now: dt.datetime, report: ReconcileReport) -> None:
+    try:
+        report.expired_files += files_expire(now=now).files
+    except Exception:
+        # Files are not jobs: the next sweep tries again, and this one has swept the jobs already.
+        logger.exception("reconcile: expiring files failed; the next sweep tries again")
+
+
 def _pending_view() -> PendingView:
     """The broker's messages, read at most once a sweep and only when asked: reading means
     reading the queues whole, which a sweep where every shard is held or fresh does not need."""
@@ -206,6 +218,7 @@ def jobs_reconcile() -> ReconcileReport:
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)
     catalog_publish()
+    _expire_files(now, report)
     if any(asdict(report).values()):
         logger.warning("reconcile: %s", report)
     reconcile_sweep_record(duration_s=time.perf_counter() - started)

@@ -36,6 +36,7 @@ from portal.scheduling.capacity import queue_slots, queue_window
 from portal.scheduling.costs import shard_cost_estimate
 from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
 from portal.scheduling.usage import usage_charge, usage_read
+from portal.webhooks.services.events import webhook_jobs_progress
 from tasks.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
 
 logger = logging.getLogger(__name__)
@@ -174,9 +175,18 @@ def schedule_job(*, job_id: str) -> None:
 
 
 def schedule_all() -> int:
-    """Fill every queue that has running jobs (the reconciler's sweep: after Redis was lost, say)."""
+    """Fill every queue that has running jobs (the reconciler's sweep: after Redis was lost, say).
+
+    Each queue on its own: one whose tick fails (a broker unreachable for its class's messages, a
+    job whose shards cannot be sent) is logged and tried at the next sweep, the others are filled now."""
     queues = {job_queue(job) for job in Job.objects.select_related("model__gpu_class").filter(status__in=SCHEDULABLE)}
-    return sum(schedule_queue(queue) for queue in sorted(queues))
+    sent = 0
+    for queue in sorted(queues):
+        try:
+            sent += schedule_queue(queue)
+        except Exception:
+            logger.exception("scheduling %s failed; the next sweep tries again", queue)
+    return sent
 
 
 def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
@@ -248,6 +258,7 @@ def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
         if not merge_when_settled(job):
             # Stitch what has finished now, so the merge at the end has only the tail left.
             job_merge_advance(job_id=str(job.id), holder="settle")
+    webhook_jobs_progress(jobs=settled_jobs)
 
 
 def _settle_shards(job: Job, indexes: set[int], ledger: SettleLedger) -> None:

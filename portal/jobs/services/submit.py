@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.catalog.models import Model
-from portal.catalog.selectors import models_for_tenant
+from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.selectors import QuotaUsage, quota_usage
 from portal.jobs.services.input_access import input_refusal
@@ -82,6 +82,12 @@ class QuotaExceeded(SubmissionError):
         self.current = current
         self.requested = requested
 
+    @property
+    def may_pass_later(self) -> bool:
+        """Whether the same job may be accepted once other jobs end: true of the limits on what runs at
+        once; the others refuse the job itself (its size, its model) or hold for the rest of the month."""
+        return self.quota in ("max_concurrent_jobs", "max_queued_records")
+
 
 @dataclass(frozen=True)
 class InputCheck:
@@ -103,10 +109,7 @@ def normalize_input_uri(value: str) -> str:
 def _resolve_model(tenant: Tenant, name: str, version: str | None) -> Model:
     """The newest enabled model of that name (and version); refused if the tenant's quota excludes it."""
     allowed = models_for_tenant(tenant)
-    models = Model.objects.select_related("gpu_class").filter(name=name, enabled=True)
-    if version:
-        models = models.filter(version=version)
-    model = models.order_by("-created_at").first()
+    model = newest_enabled_model(name, version)
     if model is None:
         known = ", ".join(sorted(set(allowed.values_list("name", flat=True))))
         raise SubmissionError(f"no enabled model named {name!r}; available: {known or 'none'}", field="model")
@@ -375,6 +378,8 @@ def submission_request(
             f"model {model.name!r} serves task {model.task!r}; this needs a {task!r} model", field="model"
         )
     job_params = _check_params(params)
+    if "dimensions" in job_params and (problem := model.dimensions_problem(job_params["dimensions"])) is not None:
+        raise SubmissionError(f"params.dimensions {problem}", field="params")
     try:
         options = InputOptions(format=input_format, text_column=text_column or None, id_column=id_column or None)
     except InputOptionsError as exc:

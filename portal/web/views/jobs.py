@@ -17,12 +17,13 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from portal.api.downloads import stream_object
+from portal.api.downloads import stream_object, stream_partial
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
 from portal.jobs.selectors import job_output_file
 from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
+from portal.jobs.services.partial import OFFERED_STATUSES, job_partial_output
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
@@ -208,6 +209,7 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "can_resume": member and job.status == JobStatus.PAUSED,
         "can_retry": member and job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0,
         "downloads": job.is_finished and job.shard_count > 0,
+        "partial_download": job.status in OFFERED_STATUSES,
         "sampled_at": time.time(),
     }
 
@@ -283,3 +285,15 @@ def job_download(
         return stream_object(uri, filename=f"{job.pk}-{filename}", content_type=content_type)
     except StorageError as exc:
         return refused(request, portal, f"The {name} file of job {job.pk} cannot be read: {exc}", status=409)
+
+
+@tenant_view()
+def job_partial_download(
+    request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID
+) -> HttpResponse | StreamingHttpResponse:
+    """Stream the records of the job's shards committed so far, as `?partial=true` on the API does."""
+    job = _job(portal, job_id)
+    try:
+        return stream_partial(job_partial_output(job), filename=f"{job.pk}-output.partial.jsonl")
+    except StorageError as exc:
+        return refused(request, portal, f"The partial output of job {job.pk} cannot be read: {exc}", status=409)

@@ -182,10 +182,12 @@ def test_lines_may_come_in_pieces_of_any_size() -> None:
         ({**request(), "body": {"input": "x"}}, "missing_model", "body.model", "body.model is missing"),
         (request(model=""), "missing_model", "body.model", "body.model must be a model's name"),
         ({**request(), "body": {"model": "m"}}, "missing_input", "body.input", "body.input is missing"),
-        (request(input=["a", "b"]), "invalid_input", "body.input", "holds 2 texts"),
-        (request(input=[1, 2, 3]), "invalid_input", "body.input", "must be a string (or a list of one string)"),
-        (request(input=[]), "invalid_input", "body.input", "not an empty list"),
-        (request(input=None), "invalid_input", "body.input", "body.input is missing"),
+        (request(input=["a", 7]), "invalid_input", "body.input", "body.input must hold strings; item 2 is a number"),
+        (request(input=[1, 2, 3]), "invalid_input", "body.input", "body.input holds token ids"),
+        (request(input=[[1, 2], [3]]), "invalid_input", "body.input", "body.input holds token ids"),
+        (request(input=[]), "invalid_input", "body.input", "not an empty array"),
+        (request(input=None), "invalid_input", "body.input", "body.input must be a string, not null"),
+        (request(dimensions=64), "invalid_param", "body.dimensions", "no model here declares Matryoshka"),
         ("x" * (MAX_LINE_BYTES + 1), "line_too_long", None, f"longer than {MAX_LINE_BYTES} bytes"),
     ],
 )
@@ -213,13 +215,81 @@ def test_an_encoding_format_the_output_cannot_take_is_refused_on_every_line() ->
     assert "body.encoding_format must be 'float' or 'base64', not 'int8'" in result.problems[0].message
 
 
-def test_the_embedding_of_several_texts_is_refused_with_how_to_split_them() -> None:
-    result, _ = convert(jsonl(request(input=["one", "two", "three"])))
+def test_the_embedding_of_several_texts_is_one_record_keeping_them_in_order() -> None:
+    result, records = convert(jsonl(request("many", input=["one", "two", "three"]), request("one")))
+
+    assert result.ok
+    assert records == [
+        {"custom_id": "many", "input": ["one", "two", "three"]},
+        {"custom_id": "one", "input": INPUTS[EMBEDDINGS][1]},
+    ]
+
+
+def test_a_completion_of_several_prompts_is_refused_with_how_to_split_them() -> None:
+    line = request(url=COMPLETIONS)
+    line["body"]["prompt"] = ["one", "two", "three"]
+
+    result, _ = convert(jsonl(line), endpoint=COMPLETIONS)
 
     [problem] = result.problems
     assert problem.message == (
-        "body.input holds 3 texts, but Batchery runs one text a request: give each text its own line and custom_id"
+        "body.prompt holds 3 prompts, but Batchery runs one prompt a request: "
+        "give each prompt its own line and custom_id"
     )
+
+
+def matryoshka(model: str, dimensions: Any) -> str | None:
+    """The catalog of these tests: model "m" declares Matryoshka training up to 384 values; "plain" does not."""
+    if model == "plain":
+        return "is not supported by model 'plain'"
+    return (
+        None if isinstance(dimensions, int) and 1 <= dimensions <= 384 else f"must be from 1 to 384, not {dimensions}"
+    )
+
+
+def test_dimensions_a_model_supports_become_a_param_of_the_job() -> None:
+    result, records = convert(
+        jsonl(request("a", dimensions=128), request("b", dimensions=128)), dimensions_problem=matryoshka
+    )
+
+    assert result.ok
+    assert result.params == {"dimensions": 128}
+    assert [record["custom_id"] for record in records] == ["a", "b"]
+
+
+def test_dimensions_are_refused_on_another_endpoint_than_embeddings() -> None:
+    result, _ = convert(
+        jsonl(request(url=COMPLETIONS, dimensions=64)), endpoint=COMPLETIONS, dimensions_problem=matryoshka
+    )
+
+    [problem] = result.problems
+    assert (problem.param, problem.message) == (
+        "body.dimensions",
+        "body.dimensions is a parameter of /v1/embeddings, not of /v1/completions",
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "dimensions", "message"),
+    [
+        ("plain", 64, "body.dimensions is not supported by model 'plain'"),
+        ("m", 385, "body.dimensions must be from 1 to 384, not 385"),
+        ("m", 0, "body.dimensions must be from 1 to 384, not 0"),
+        ("m", "64", "body.dimensions must be from 1 to 384, not 64"),
+    ],
+)
+def test_dimensions_the_model_cannot_give_are_refused_on_every_line_naming_the_field(
+    model: str, dimensions: Any, message: str
+) -> None:
+    lines = jsonl(request("a", model=model, dimensions=dimensions), request("b", model=model, dimensions=dimensions))
+
+    result, records = convert(lines, dimensions_problem=matryoshka)
+
+    assert records == []
+    assert [(problem.line, problem.code, problem.param, problem.message) for problem in result.problems] == [
+        (1, "invalid_param", "body.dimensions", message),
+        (2, "invalid_param", "body.dimensions", message),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -304,7 +374,8 @@ def test_mixed_params_are_refused_naming_every_differing_key() -> None:
 
 
 def test_equal_numbers_are_the_same_param() -> None:
-    result, _ = convert(jsonl(request("a", dimensions=8), request("b", dimensions=8.0)))
+    lines = jsonl(request("a", url=COMPLETIONS, max_tokens=8), request("b", url=COMPLETIONS, max_tokens=8.0))
+    result, _ = convert(lines, endpoint=COMPLETIONS)
 
     assert result.ok
 
@@ -495,6 +566,22 @@ def test_base64_embeddings_are_little_endian_float32_as_openai_encodes_them() ->
     assert isinstance(encoded, str)
     decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
     assert decoded.tolist() == np.asarray(vector, dtype=np.float32).tolist()
+
+
+def test_a_request_of_several_texts_gets_one_item_a_text_in_order_in_either_encoding() -> None:
+    vectors = [[0.5, -1.25], [3.0, 1e-3], [-2.0, 0.25]]
+    record = {"custom_id": "many", "response": {"embeddings": vectors, "usage": {"prompt_tokens": 12}}}
+
+    [as_floats] = convert_out([record]).lines("output")
+    [as_base64] = convert_out([record], encoding_format="base64").lines("output")
+
+    body = CreateEmbeddingResponse.model_validate(as_floats["response"]["body"])
+    assert [(item.index, item.embedding) for item in body.data] == list(enumerate(vectors))
+    assert (body.usage.prompt_tokens, body.usage.total_tokens) == (12, 12)
+    items = as_base64["response"]["body"]["data"]
+    assert [item["index"] for item in items] == [0, 1, 2]
+    decoded = [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4").tolist() for item in items]
+    assert decoded == np.asarray(vectors, dtype=np.float32).tolist()
 
 
 def test_an_unknown_encoding_format_is_refused() -> None:

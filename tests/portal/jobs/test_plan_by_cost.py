@@ -19,6 +19,7 @@ from portal.jobs.services.plan import input_chars, job_plan
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import job_retry
 from portal.jobs.services.submit import job_submit
+from portal.scheduling import capacity
 from portal.tenancy.models import Tenant
 from tasks.storage import store_for
 
@@ -28,9 +29,11 @@ SHORT, LONG = "s" * 50, "L" * 500
 
 
 @pytest.fixture(autouse=True)
-def _no_slow_start(settings: Any) -> None:
-    """These tests look at cutting at the target; the slow start of a job's first shards has its own."""
+def _at_the_target(settings: Any) -> None:
+    """These tests look at cutting at the target; the slow start of a job's first shards and the
+    shrinking of its last have tests of their own."""
     settings.BATCHERY_FIRST_SHARD_SECONDS = 0
+    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 0
 
 
 def _learn(model: Model) -> None:
@@ -215,6 +218,7 @@ def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_r
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
+    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 2
     settings.BATCHERY_TARGET_SHARD_SECONDS = 8
     settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD = 0.05
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
@@ -223,7 +227,34 @@ def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_r
         job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
     )
 
-    # 0.5 s, 1 s, 2 s, 4 s, then the 8 s target at 0.05 s a record.
+    # 0.5 s, 1 s, 2 s, 4 s, then the 8 s target at 0.05 s a record (until the job nears its end).
     assert [shard.record_count for shard in shards[:6]] == [10, 20, 40, 80, 160, 160]
-    assert {shard.record_count for shard in shards[4:-1]} == {160}
     assert sum(shard.record_count for shard in shards) == 4_000
+
+
+def test_a_job_of_known_size_ends_in_shrinking_shards_so_its_slots_end_together(
+    acme: Tenant,
+    minilm: Model,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 2)
+    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 2
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 60
+    settings.BATCHERY_MIN_SHARD_SECONDS = 1
+    settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD = 0.05
+    path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
+
+    shards = _planned(
+        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+    )
+
+    counts = [shard.record_count for shard in shards]
+    # 200 s of work on two slots: each shard its work left over four (two a slot): 50 s, 37.5 s, ...
+    assert counts[:3] == [1000, 750, 562]
+    assert counts == sorted(counts, reverse=True), "shards only shrink"
+    assert counts[-2] == 20, "down to the minimum second"
+    assert sum(counts) == 4_000
+    assert len(counts) < 40, "the shrinking costs a few shards, not hundreds"
