@@ -12,6 +12,9 @@ On a GPU host, from the repository root, with the project's virtualenv:
     python deploy/gpu_bench.py --model-dir /tmp/tiny-lm --records 512   # builds a tiny GPT-2 there first
 
 A directory without ``config.json`` gets the tests' tiny GPT-2 built into it. Exits 2 without CUDA.
+With ``--vllm`` it also times the vllm engine over the same prompts with one set of params, with each
+record's own (as a batch of OpenAI requests gives them), and with structured output on every other record,
+printing how many of those replies validate against the schema.
 """
 
 from __future__ import annotations
@@ -116,6 +119,75 @@ def run_engine(
     return elapsed, sampler
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 24}, "score": {"type": "integer"}},
+    "required": ["answer", "score"],
+}
+
+
+def line_params(index: int, max_tokens: int, *, structured: bool) -> dict[str, Any]:
+    """A record's own params, as a batch of OpenAI requests gives them: limits, temperatures and seeds differ
+    from line to line, and with ``structured`` every other reply is held to `SCHEMA`."""
+    params: dict[str, Any] = {
+        "max_tokens": max_tokens - index % 4,
+        "temperature": (index % 3) * 0.4,
+        "seed": index,
+    }
+    if structured and index % 2 == 0:
+        params["max_tokens"] = max(max_tokens, 64)
+        params["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
+    return params
+
+
+def run_vllm(
+    model_dir: Path, prompts: list[str], *, micro_batch_size: int, max_tokens: int, per_line: bool, structured: bool
+) -> tuple[float, int, int]:
+    """Seconds the vllm engine takes for all prompts through `run_records`, one set of params or each record's
+    own; and of the replies held to `SCHEMA`, how many there were and how many parse and validate."""
+    import json
+
+    import jsonschema
+
+    from gpuworkers.batching import Item, run_records
+    from gpuworkers.engines.vllm import VllmEngine
+    from gpuworkers.spec import ModelSpec
+
+    spec = ModelSpec(
+        name="gpu-bench",
+        version="1",
+        engine="vllm",
+        task="generate",
+        source=str(model_dir),
+        load_params={"gpu_memory_utilization": 0.5, "enforce_eager": True},
+    )
+    engine = VllmEngine(spec)
+    engine.load(device="cuda")
+    items = [
+        Item(str(index), prompt, line_params(index, max_tokens, structured=structured) if per_line else None)
+        for index, prompt in enumerate(prompts)
+    ]
+    try:
+        engine.run_batch(prompts[:8], {"max_tokens": max_tokens})  # warm-up: CUDA graphs, the grammar backend
+        started = time.perf_counter()
+        params = {"max_tokens": max_tokens}
+        results = list(run_records(engine, items, params=params, micro_batch_size=micro_batch_size))
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.unload()
+    held = valid = 0
+    for item, result in zip(items, results, strict=True):
+        if item.params is None or "response_format" not in item.params:
+            continue
+        held += 1
+        try:
+            jsonschema.validate(json.loads((result.response or {}).get("text", "")), SCHEMA)
+        except (ValueError, jsonschema.ValidationError):
+            continue
+        valid += 1
+    return elapsed, held, valid
+
+
 def run_bare(model_dir: Path, prompts: list[str], *, batch_size: int, max_tokens: int) -> float:
     """Seconds a plain loop of ``model.generate`` over batches of ``batch_size`` prompts takes (greedy, float16)."""
     import torch
@@ -160,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=settings.micro_batch_size(), help="engine records")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt at most (32)")
     parser.add_argument("--max-words", type=int, default=12, help="words in the longest prompt (12)")
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also time the vllm engine: one set of params, each record's own, and each record's own with "
+        "structured output on every other one (needs the vllm extra)",
+    )
     args = parser.parse_args(argv)
     if min(args.records, args.batch_size, args.micro_batch_size, args.max_tokens, args.max_words) < 1:
         parser.error("--records, --batch-size, --micro-batch-size, --max-tokens and --max-words must be positive")
@@ -190,6 +268,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU utilization, engine run: mean {mean:.0f} %, max {peak} % ({len(sampler.samples)} samples)")
     else:
         print(f"GPU utilization: not sampled ({sampler.problem or 'the run was shorter than one sample'})")
+    if args.vllm:
+        for label, per_line, structured in (
+            ("vllm, one set of params:  ", False, False),
+            ("vllm, each line's params: ", True, False),
+            ("vllm, + structured output:", True, True),
+        ):
+            seconds, held, valid = run_vllm(
+                args.model_dir,
+                prompts,
+                micro_batch_size=args.micro_batch_size,
+                max_tokens=args.max_tokens,
+                per_line=per_line,
+                structured=structured,
+            )
+            shown = f"  ({valid}/{held} replies valid against the schema)" if held else ""
+            print(f"{label} {args.records / seconds:10.1f} records/s  ({seconds:.2f} s){shown}")
     return 0
 
 

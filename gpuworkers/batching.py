@@ -5,6 +5,15 @@ error result (code ``engine_error``) and all the others still get their response
 runs out of memory (`MemoryError`, torch's `OutOfMemoryError`) is split in halves after the cache is
 freed, down to single records; a record that runs out of memory alone gets code ``out_of_memory``.
 A CUDA error that breaks the device's context is no record's fault: `StickyDeviceError` is raised.
+
+A record may carry params of its own over the job's (`Item.params`). A micro-batch whose records all run
+with the job's params is one engine call. Otherwise an engine that takes params per input (`run_requests`,
+as vLLM takes one ``SamplingParams`` a prompt) still gets the whole micro-batch in one call, and any other
+engine gets one call per distinct set of params, the answers put back in input order.
+
+An engine that knows how long an input its model takes (`LengthLimited`) has each micro-batch's records
+measured first: one over the limit gets code ``input_too_long`` with its length and the limit, without
+running, unless its params say ``truncate: true`` (the engine then cuts it to fit).
 """
 
 from __future__ import annotations
@@ -14,7 +23,9 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from gpuworkers.engines.base import Engine
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error, raised_from
@@ -30,6 +41,10 @@ ENGINE_ERROR = "engine_error"
 OUT_OF_MEMORY = "out_of_memory"
 """Error code of a record that ran out of memory alone, after its micro-batch was split down to it."""
 
+INPUT_TOO_LONG = "input_too_long"
+"""Error code of a record longer than its model takes, refused before it runs unless its params say
+``truncate: true``."""
+
 
 @dataclass(frozen=True)
 class RecordResult:
@@ -40,7 +55,8 @@ class RecordResult:
     response: dict[str, Any] | None
     """The engine's response for the record, or None when it failed."""
     error: dict[str, Any] | None
-    """``{"code": "engine_error" | "out_of_memory", "message": "ValueError: ..."}`` when it failed, else None."""
+    """``{"code": "engine_error", "message": "ValueError: ..."}`` when it failed (or ``out_of_memory``,
+    ``input_too_long``), else None."""
 
 
 class EngineOutputError(Exception):
@@ -57,7 +73,25 @@ class _Failure:
     """The exception's type and text, truncated to `ERROR_MESSAGE_LIMIT`."""
 
 
-Items = Sequence[tuple[str, Any]]
+class Item(NamedTuple):
+    """One record to run."""
+
+    custom_id: str
+    value: Any
+    """The record's input (its task's input field)."""
+    params: Mapping[str, Any] | None = None
+    """The record's own params over the job's; a field set to null falls back to the engine's default."""
+
+
+Items = Sequence[Item | tuple[str, Any]]
+"""Records to run: `Item`s, or ``(custom_id, value)`` pairs that run with the job's params alone."""
+
+
+def merged_params(job: Mapping[str, Any], own: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A record's params: the job's, overridden by the record's own; a null leaves the field out."""
+    if not own:
+        return job
+    return {name: value for name, value in {**job, **own}.items() if value is not None}
 
 
 def run_records(
@@ -94,12 +128,68 @@ def run_records(
         batch = items[start : start + micro_batch_size]
         if on_micro_batch is not None:
             on_micro_batch(len(batch))
-        results = _run_micro_batch(engine, batch, params, on_out_of_memory_split, propagate)
+        results = _run_within_limits(engine, batch, params, on_out_of_memory_split, propagate)
         yield from results
         done += len(results)
         errors += sum(result.error is not None for result in results)
         if on_progress is not None:
             on_progress(done, errors)
+
+
+def _run_within_limits(
+    engine: Engine,
+    items: Items,
+    params: Mapping[str, Any],
+    on_split: Callable[[int], None] | None,
+    propagate: tuple[type[BaseException], ...],
+) -> list[RecordResult]:
+    """Refuse the records longer than the model takes, each with its own error, and run the others."""
+    refused = _too_long(engine, items, params)
+    if not refused:
+        return _run_micro_batch(engine, items, params, on_split, propagate)
+    fitting = [item for index, item in enumerate(items) if index not in refused]
+    ran = iter(_run_micro_batch(engine, fitting, params, on_split, propagate) if fitting else [])
+    return [
+        RecordResult(item[0], None, {"code": INPUT_TOO_LONG, "message": refused[index]})
+        if index in refused
+        else next(ran)
+        for index, item in enumerate(items)
+    ]
+
+
+def _too_long(engine: Engine, items: Items, params: Mapping[str, Any]) -> dict[int, str]:
+    # Checked before the engine runs: a model silently truncating the record, or one failing the whole
+    # micro-batch over it, would both be wrong (the first changes the answer, the second costs a bisection).
+    check = getattr(engine, "too_long", None)
+    if check is None:
+        return {}
+    refused: dict[int, str] = {}
+    for record_params, indices in _by_params(items, params):
+        if record_params.get("truncate") is True:
+            continue
+        try:
+            messages = check([items[index][1] for index in indices], record_params)
+        except Exception:
+            # An input or param the engine cannot even measure fails the run, record by record, with its
+            # own message; measuring is not the place to judge it.
+            continue
+        for index, message in zip(indices, messages, strict=True):
+            if message is not None:
+                refused[index] = message
+    return refused
+
+
+def _by_params(items: Items, params: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[int]]]:
+    """The items' indices grouped by the params each record runs with (the job's, merged with its own)."""
+    own = [item[2] if len(item) > 2 else None for item in items]
+    if not any(own):
+        return [(params, list(range(len(items))))]
+    groups: dict[bytes, tuple[Mapping[str, Any], list[int]]] = {}
+    for index, record_params in enumerate(own):
+        merged = merged_params(params, record_params)
+        key = orjson.dumps(merged, option=orjson.OPT_SORT_KEYS)
+        groups.setdefault(key, (merged, []))[1].append(index)
+    return list(groups.values())
 
 
 def _run_micro_batch(
@@ -111,9 +201,7 @@ def _run_micro_batch(
 ) -> list[RecordResult]:
     outcome = _attempt(engine, items, params, propagate)
     if not isinstance(outcome, _Failure):
-        return [
-            RecordResult(custom_id, response, None) for (custom_id, _), response in zip(items, outcome, strict=True)
-        ]
+        return [RecordResult(item[0], response, None) for item, response in zip(items, outcome, strict=True)]
     if outcome.code == OUT_OF_MEMORY:
         free_device_memory()
     if len(items) == 1:
@@ -144,7 +232,7 @@ def _attempt(
     # The exception is turned into a plain value before returning: its traceback holds the engine's
     # frames and, through them, the tensors of the failed batch, which must be gone before a retry.
     try:
-        return _checked_run(engine, [value for _, value in items], params)
+        return _checked_run(engine, items, params)
     except Exception as exc:
         if raised_from(exc, propagate):
             raise
@@ -153,10 +241,25 @@ def _attempt(
         return _Failure(OUT_OF_MEMORY if _is_out_of_memory(exc) else ENGINE_ERROR, _describe(exc))
 
 
-def _checked_run(engine: Engine, inputs: list[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    responses = engine.run_batch(inputs, params)
-    if len(responses) != len(inputs):
-        raise EngineOutputError(f"the engine returned {len(responses)} responses for {len(inputs)} inputs")
+def _checked_run(engine: Engine, items: Items, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    inputs = [item[1] for item in items]
+    own = [item[2] if len(item) > 2 else None for item in items]
+    if not any(own):
+        return _checked(engine.run_batch(inputs, params), len(inputs))
+    run_requests = getattr(engine, "run_requests", None)
+    if run_requests is not None:
+        return _checked(run_requests(inputs, [merged_params(params, p) for p in own]), len(inputs))
+    responses: list[dict[str, Any]] = [{} for _ in inputs]
+    for group_params, indices in _by_params(items, params):
+        answered = _checked(engine.run_batch([inputs[index] for index in indices], group_params), len(indices))
+        for index, response in zip(indices, answered, strict=True):
+            responses[index] = response
+    return responses
+
+
+def _checked(responses: list[dict[str, Any]], expected: int) -> list[dict[str, Any]]:
+    if len(responses) != expected:
+        raise EngineOutputError(f"the engine returned {len(responses)} responses for {expected} inputs")
     for response in responses:
         if not isinstance(response, dict):
             raise EngineOutputError(f"the engine returned a {type(response).__name__}, not a dict")

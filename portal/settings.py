@@ -188,6 +188,12 @@ BATCHERY_STORAGE_URL = storage_url()
 # job exists; larger ones are checked by the planner, which fails the job naming the lines.
 BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 256 * 1024 * 1024, minimum=0)
 BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1)
+# `/v1/batches` input files up to this size are validated within the create request; larger ones by a
+# control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.
+BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int("BATCHERY_BATCH_SYNC_VALIDATION_BYTES", 8 * 1024 * 1024, minimum=0)
+# A batch still validating this long after it was created, its task holding no lease, is sent to be
+# validated again by the reconciler (its message was lost, or its worker died).
+BATCHERY_BATCH_VALIDATION_RESEND_S = env_int("BATCHERY_BATCH_VALIDATION_RESEND_S", 600, minimum=1)
 # Default sharding (no shard_size given): the planner ends a shard before its estimated compute
 # seconds (portal.catalog.throughput) would pass the target, and at the record bound whatever the
 # estimate. A model that never ran is estimated at the default seconds a record. A job whose size

@@ -19,6 +19,7 @@ CONTROL_TASK_MODULES = (
     "tasks.merge",
     "tasks.shard_done",
     "tasks.reconcile",
+    "tasks.validate_batch",
     "tasks.finalize_batch",
     "tasks.webhooks",
 )

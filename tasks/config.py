@@ -137,6 +137,7 @@ def celery_settings() -> dict[str, object]:
             "batchery.merge_job": {"queue": CONTROL_QUEUE},
             "batchery.shard_done": {"queue": CONTROL_QUEUE},
             "batchery.reconcile": {"queue": CONTROL_QUEUE},
+            "batchery.validate_batch": {"queue": CONTROL_QUEUE},
             "batchery.finalize_batch": {"queue": CONTROL_QUEUE},
             "batchery.deliver_webhook": {"queue": CONTROL_QUEUE},
             "batchery.webhooks_sweep": {"queue": CONTROL_QUEUE},

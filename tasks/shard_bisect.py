@@ -11,12 +11,12 @@ poison record costs about log2(micro-batch size) extra attempts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
-from gpuworkers.batching import RecordResult, run_records
+from gpuworkers.batching import Items, RecordResult, run_records
 from gpuworkers.engines import Engine
 from tasks.storage import ObjectStore, StorageError, join_uri
 
@@ -84,14 +84,14 @@ def _line(result: RecordResult) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
 
 
-def _poison_lines(items: Sequence[tuple[str, Any]], span: Range, attempts: int) -> bytes:
+def _poison_lines(items: Items, span: Range, attempts: int) -> bytes:
     error = {
         "code": "poison_record",
         "message": f"the record killed its worker process; isolated after {attempts} attempts of its shard",
     }
     return b"".join(
         orjson.dumps({"custom_id": custom_id, "error": error}, option=orjson.OPT_APPEND_NEWLINE)
-        for custom_id, _ in items[span[0] : span[1]]
+        for custom_id, *_ in items[span[0] : span[1]]
     )
 
 
@@ -100,7 +100,7 @@ def run_checkpointed(
     store: ObjectStore,
     prefix: str,
     engine: Engine,
-    items: Sequence[tuple[str, Any]],
+    items: Items,
     params: dict[str, Any],
     chunk: int,
     attempt_no: int,

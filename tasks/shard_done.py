@@ -1,8 +1,15 @@
-"""The callback of each shard's chord (and its error callback): report the ending; settled in batches."""
+"""The callback of each shard's chord (and its error callback): report the ending; settled in batches.
+
+A failure of the batch it drained (`BatchNotSettled`) fails no job: the batch held other jobs'
+endings too, and the reconciler's sweep settles whatever stays `dispatched`. A failure to settle its
+own ending alone (Redis down) still fails its job once the retries are spent.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from celery.utils.time import get_exponential_backoff_interval
 
 from tasks.app import app
 from tasks.control import ControlTask
@@ -16,6 +23,18 @@ from tasks.control import ControlTask
     fails_job_from=frozenset({"running"}),
 )
 def shard_done(self: Any, job_id: str, shard_index: int, queue: str = "") -> None:
-    from portal.jobs.services.finished_inbox import shard_finished_report
+    from portal.jobs.services.finished_inbox import BatchNotSettled, shard_finished_report
 
-    shard_finished_report(job_id=job_id, shard_index=shard_index, queue=queue)
+    try:
+        shard_finished_report(job_id=job_id, shard_index=shard_index, queue=queue)
+    except BatchNotSettled as exc:
+        if not exc.transient:
+            raise
+        # The database restarts: drain again later, backing off as `autoretry_for` does for its own errors.
+        countdown = get_exponential_backoff_interval(
+            factor=int(self.retry_backoff),
+            retries=self.request.retries,
+            maximum=self.retry_backoff_max,
+            full_jitter=True,
+        )
+        raise self.retry(exc=exc, countdown=countdown) from exc

@@ -17,14 +17,15 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from types import TracebackType
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import orjson
 from celery.exceptions import SoftTimeLimitExceeded
 
 from gpuworkers import metrics
-from gpuworkers.batching import RecordResult, run_records
+from gpuworkers.batching import Item, RecordResult, run_records
 from gpuworkers.cache import process_cache
 from gpuworkers.engines.embeddings import EmbeddingInputs
 from gpuworkers.settings import device, micro_batch_size
@@ -33,6 +34,7 @@ from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
 from tasks.leases import Lease, shard_lease_key
 from tasks.progress import publish_shard_progress
 from tasks.shard_bisect import run_checkpointed
+from tasks.shard_piece import ShardPiece
 from tasks.specs import ShardManifest, ShardSkipped, ShardSpec, read_commit
 from tasks.stops import PAUSED, arrival_hold, stop_reason
 from tasks.storage import ObjectStore, join_uri, store_for
@@ -50,9 +52,12 @@ def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: 
     return sum(1 for _ in store.list_prefix(started))
 
 
-def _read_items(spec: ShardSpec) -> list[tuple[str, Any]]:
+def _read_items(spec: ShardSpec) -> list[Item]:
     with store_for(spec.input_uri).open_read(spec.input_uri) as stream:
-        return [(record["custom_id"], record[spec.input_field]) for record in map(orjson.loads, stream)]
+        return [
+            Item(record["custom_id"], record[spec.input_field], record.get("params"))
+            for record in map(orjson.loads, stream)
+        ]
 
 
 class OutputLine(NamedTuple):
@@ -61,6 +66,8 @@ class OutputLine(NamedTuple):
     """The record's error code, None for a response."""
     prompt_tokens: int
     completion_tokens: int
+    result: RecordResult | None = None
+    """The record as the engine gave it (an embedding still its array), for the Parquet piece."""
 
 
 def _output_line(result: RecordResult) -> bytes:
@@ -167,13 +174,16 @@ def _run_attempt(
     attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
     output_uri = f"{attempt_prefix}.output.jsonl"
     errors_uri = f"{attempt_prefix}.errors.jsonl"
-    counts, error_codes = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri)
+    piece = ShardPiece(store, f"{attempt_prefix}.output.parquet", task=spec.model.task)
+    wanted = piece if spec.output_format == "parquet" else None
+    counts, error_codes = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri, piece=wanted)
     compute_seconds = time.perf_counter() - compute_started
     _count_work(labels, counts)
     if counts["records"] != spec.record_count:
         # Told to stop between micro-batches: the attempt is abandoned, not committed.
         store.delete_prefix(output_uri)
         store.delete_prefix(errors_uri)
+        store.delete_prefix(piece.uri)
         return _abandoned(spec)
     on_progress(counts["records"], counts["failed"])
 
@@ -185,6 +195,7 @@ def _run_attempt(
         pid=os.getpid(),
         output_uri=output_uri,
         errors_uri=errors_uri,
+        parquet_uri=piece.uri if piece.written else "",
         records=counts["records"],
         succeeded=counts["records"] - counts["failed"],
         failed=counts["failed"],
@@ -202,6 +213,7 @@ def _run_attempt(
         # Another attempt committed first; ours is an orphan and the committed one stands.
         store.delete_prefix(output_uri)
         store.delete_prefix(errors_uri)
+        store.delete_prefix(piece.uri)
         winner = read_commit(spec.shard_prefix)
         assert winner is not None
         return winner
@@ -232,6 +244,7 @@ def _from_results(results: Iterable[RecordResult]) -> Iterator[OutputLine]:
             None if result.error is None else str(result.error.get("code", "error")),
             int(usage.get("prompt_tokens", 0)),
             int(usage.get("completion_tokens", 0)),
+            result,
         )
 
 
@@ -240,13 +253,21 @@ def _from_lines(lines: Iterable[bytes]) -> Iterator[OutputLine]:
         record = orjson.loads(line)
         usage = (record.get("response") or {}).get("usage") or {}
         error_code = str((record["error"] or {}).get("code", "error")) if "error" in record else None
-        yield OutputLine(line, error_code, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+        result = RecordResult(record["custom_id"], record.get("response"), record.get("error"))
+        tokens = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        yield OutputLine(line, error_code, *tokens, result)
 
 
 def _write_outputs(
-    store: ObjectStore, lines: Iterable[OutputLine], *, output_uri: str, errors_uri: str
+    store: ObjectStore,
+    lines: Iterable[OutputLine],
+    *,
+    output_uri: str,
+    errors_uri: str,
+    piece: ShardPiece | None = None,
 ) -> tuple[dict[str, int], Counter[str]]:
-    """Write the attempt's output and error lines; return its counts and its error codes.
+    """Write the attempt's output and error lines, and its Parquet `piece` if asked; return its
+    counts and its error codes.
 
     `lines` runs the model as it is consumed; the writes go to storage on a thread (`_BlockWriter`),
     so an S3 part upload does not hold up the next micro-batch.
@@ -257,9 +278,12 @@ def _write_outputs(
         store.open_write(output_uri) as output,
         store.open_write(errors_uri) as errors,
         _BlockWriter(output, errors) as writer,
+        piece or nullcontext(),
     ):
         for line in lines:
             writer.add(line.data, error=line.error_code is not None)
+            if piece is not None:
+                piece.add(line.data, line.result)
             counts["records"] += 1
             counts["prompt_tokens"] += line.prompt_tokens
             counts["completion_tokens"] += line.completion_tokens

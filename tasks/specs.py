@@ -38,6 +38,8 @@ class ShardSpec:
     """Run-time parameters: the model's defaults overlaid with the job's."""
     hold_uri: str = ""
     """An object that exists while the job is paused: a shard that finds it on arrival does not start."""
+    output_format: str = "jsonl"
+    """The job's output format; with "parquet" each attempt also writes its rows as a Parquet piece."""
 
     @property
     def commit_uri(self) -> str:
@@ -85,6 +87,10 @@ class ShardManifest:
     completion_tokens: int = 0
     error_codes: dict[str, int] = field(default_factory=dict)
     """How many of the failed records got each error code; the control side counts outcomes by code."""
+    parquet_uri: str = ""
+    """The attempt's rows as a Parquet piece (`tasks.formats.parquet_pieces`), which the merge of a
+    Parquet output concatenates; empty where none was written (JSONL output, a worker from before
+    pieces, rows Parquet cannot hold), and the merge then converts the JSONL."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,6 +34,25 @@ class Engine(Protocol):
         """Drop every reference to the model and free its memory."""
 
 
+class LengthLimited(Protocol):
+    """An engine that measures inputs against its model's limit, so `gpuworkers.batching` refuses
+    the ones over it before they run instead of letting the model truncate or fail the micro-batch."""
+
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        """For each input, what makes it too long for the model (its length and the limit), or None."""
+
+
+def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = True) -> list[str | None]:
+    """`LengthLimited.too_long`'s answer for inputs of these token counts against a limit (None: no limit)."""
+    hint = " (truncate: true cuts it to fit)" if truncatable else ""
+    return [
+        f"the input has {count} tokens; the model takes at most {limit}{hint}"
+        if limit is not None and count > limit
+        else None
+        for count in tokens
+    ]
+
+
 _ENGINES: dict[str, str] = {
     "python": "gpuworkers.engines.python:PythonEngine",
     "sentence_transformers": "gpuworkers.engines.sentence_transformers:SentenceTransformersEngine",
@@ -42,10 +61,16 @@ _ENGINES: dict[str, str] = {
 }
 
 
+_TASK_ENGINES: dict[tuple[str, str], str] = {
+    ("transformers", "classify"): "gpuworkers.engines.classifier:SequenceClassifierEngine",
+}
+"""An engine's class for one task, where that task needs another kind of model (a classification head)."""
+
+
 def create_engine(spec: ModelSpec) -> Engine:
-    """Build (not load) the engine a catalog entry names."""
+    """Build (not load) the engine a catalog entry names, for its task."""
     try:
-        target = _ENGINES[spec.engine]
+        target = _TASK_ENGINES.get((spec.engine, spec.task)) or _ENGINES[spec.engine]
     except KeyError:
         raise EngineLoadError(f"unknown engine {spec.engine!r}; known: {', '.join(sorted(_ENGINES))}") from None
     module_name, _, class_name = target.partition(":")

@@ -64,6 +64,25 @@ class EmbeddingInputs:
             )
         return grouped
 
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        """Each record's first text over the model's limit, named by its place in the record's list."""
+        check = getattr(self.engine, "too_long", None)
+        if check is None:
+            return [None] * len(inputs)
+        texts: list[Any] = []
+        for value in inputs:
+            texts.extend(value if isinstance(value, list) else [value])
+        messages = iter(check(texts, params))
+        refused: list[str | None] = []
+        for value in inputs:
+            if not isinstance(value, list):
+                refused.append(next(messages))
+                continue
+            own = [next(messages) for _ in value]
+            first = next(((place, message) for place, message in enumerate(own) if message is not None), None)
+            refused.append(None if first is None else f"text {first[0]} of the list: {first[1]}")
+        return refused
+
     def memory_bytes(self) -> int:
         return self.engine.memory_bytes()
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.base import EngineLoadError, over_limit
 from gpuworkers.engines.torch_memory import module_bytes, release_memory
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -27,8 +27,10 @@ class SentenceTransformersEngine:
     """Embeds text; load once per worker process, then call `run_batch` per micro-batch.
 
     Params of `run_batch`: ``batch_size`` (inputs per forward pass, default 32) and ``normalize``
-    (unit-length embeddings, default false). Load params: ``max_seq_length`` (tokens kept per input)
-    and ``half_precision`` (float16 weights on a GPU, the default there; never on the CPU).
+    (unit-length embeddings, default false). A text over ``max_seq_length`` tokens is refused by
+    `too_long` unless params say ``truncate: true``; then the model reads its first ``max_seq_length``.
+    Load params: ``max_seq_length`` (tokens kept per input) and ``half_precision``
+    (float16 weights on a GPU, the default there; never on the CPU).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -80,6 +82,16 @@ class SentenceTransformersEngine:
             for embedding, count in zip(embeddings, token_counts, strict=True)
         ]
 
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        """For each text, its length where it is over the model's ``max_seq_length`` tokens, else None."""
+        model = self._loaded_model()
+        limit = model.max_seq_length
+        if limit is None:
+            return [None] * len(inputs)
+        # A non-text is measured as empty: `run_batch` refuses it with its own message.
+        texts = [text if isinstance(text, str) else "" for text in inputs]
+        return over_limit(self._token_counts(model, texts, truncate=False), limit)
+
     def memory_bytes(self) -> int:
         return 0 if self._model is None else module_bytes(self._model)
 
@@ -95,10 +107,10 @@ class SentenceTransformersEngine:
         return self._model
 
     @staticmethod
-    def _token_counts(model: SentenceTransformer, texts: list[str]) -> list[int]:
+    def _token_counts(model: SentenceTransformer, texts: list[str], *, truncate: bool = True) -> list[int]:
         encoded = model.tokenizer(
             texts,
-            truncation=model.max_seq_length is not None,
+            truncation=truncate and model.max_seq_length is not None,
             max_length=model.max_seq_length,
             return_attention_mask=False,
             return_token_type_ids=False,

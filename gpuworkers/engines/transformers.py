@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
 from gpuworkers.engines.messages import require_messages
+from gpuworkers.engines.sampling import ParamError, is_int, structured_output
 from gpuworkers.engines.torch_memory import module_bytes, release_memory
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -36,6 +37,24 @@ _DTYPES = ("float32", "float16", "bfloat16")
 class GenerationParams:
     """The parameters of one `run_batch` call, checked once for the whole micro-batch."""
 
+    FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "batch_size",
+            "n",
+            "logprobs",
+            "response_format",
+            "truncate",
+        }
+    )
+    """The request fields this engine reads; ``n``, ``logprobs`` and ``response_format`` only at the values
+    that ask for nothing more than plain decoding."""
+
     max_tokens: int
     """Most tokens to generate per prompt."""
     temperature: float
@@ -43,38 +62,68 @@ class GenerationParams:
     top_p: float
     """Nucleus sampling mass; 1.0 keeps every token. Used only when sampling."""
     seed: int | None
-    """Seeds torch's generator before the micro-batch, for repeatable sampling."""
+    """Seeds torch's generator before each prompt, for repeatable sampling whatever the micro-batch holds."""
     stop: tuple[str, ...]
     """The text ends before the first of these strings it contains."""
     batch_size: int
     """Prompts per `generate` call."""
+    truncate: bool = False
+    """A prompt too long for the context keeps its last tokens, leaving room for ``max_tokens``; otherwise it
+    is refused."""
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> GenerationParams:
+        """Raises `ParamError` naming the field for a value out of range, or one this engine cannot honour."""
         stop = params.get("stop") or ()
         if isinstance(stop, str):
             stop = (stop,)
         if not isinstance(stop, list | tuple) or not all(isinstance(item, str) and item for item in stop):
-            raise ValueError("stop must be a non-empty string or a list of them")
+            raise ParamError("stop", "stop must be a non-empty string or a list of them")
+        _refuse_beyond_plain_decoding(params)
+        max_tokens = params.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = params.get("max_tokens")
+        temperature, top_p = params.get("temperature"), params.get("top_p")
+        for name, value in (("temperature", temperature), ("top_p", top_p)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ParamError(name, f"{name} must be a number, not {value!r}")
         generation = cls(
-            max_tokens=params.get("max_tokens", 16),
-            temperature=float(params.get("temperature", 0.0)),
-            top_p=float(params.get("top_p", 1.0)),
+            max_tokens=16 if max_tokens is None else max_tokens,
+            temperature=0.0 if temperature is None else float(temperature),
+            top_p=1.0 if top_p is None else float(top_p),
             seed=params.get("seed"),
             stop=tuple(stop),
-            batch_size=params.get("batch_size", 32),
+            batch_size=params.get("batch_size") or 32,
+            truncate=params.get("truncate") is True,
         )
-        if not isinstance(generation.max_tokens, int) or generation.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, not {generation.max_tokens!r}")
-        if generation.temperature < 0:
-            raise ValueError(f"temperature must be 0 or more, not {generation.temperature}")
+        if params.get("truncate") not in (None, True, False):
+            raise ParamError("truncate", f"truncate must be true or false, not {params['truncate']!r}")
+        if not is_int(generation.max_tokens) or generation.max_tokens < 1:
+            raise ParamError("max_tokens", f"max_tokens must be a positive integer, not {generation.max_tokens!r}")
+        if not 0 <= generation.temperature <= 2:
+            raise ParamError("temperature", f"temperature must be in [0, 2], not {generation.temperature}")
         if not 0 < generation.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], not {generation.top_p}")
-        if generation.seed is not None and not isinstance(generation.seed, int):
-            raise ValueError(f"seed must be an integer, not {generation.seed!r}")
-        if not isinstance(generation.batch_size, int) or generation.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, not {generation.batch_size!r}")
+            raise ParamError("top_p", f"top_p must be in (0, 1], not {generation.top_p}")
+        if generation.seed is not None and not is_int(generation.seed):
+            raise ParamError("seed", f"seed must be an integer, not {generation.seed!r}")
+        if not is_int(generation.batch_size) or generation.batch_size < 1:
+            raise ParamError("batch_size", f"batch_size must be a positive integer, not {generation.batch_size!r}")
         return generation
+
+
+def _refuse_beyond_plain_decoding(params: Mapping[str, Any]) -> None:
+    """Refuse what only vLLM does: several samples, logprobs, structured output."""
+    n = params.get("n")
+    if n is not None and n != 1:
+        raise ParamError("n", f"n must be 1 on the transformers engine (one sample a request), not {n!r}")
+    if params.get("logprobs") not in (None, False) or params.get("top_logprobs") is not None:
+        raise ParamError("logprobs", "logprobs are not returned by the transformers engine; leave logprobs out")
+    if structured_output(params) is not None:
+        raise ParamError(
+            "response_format",
+            "response_format needs structured output (guided decoding), which the transformers engine does not "
+            "have; run the request on a model served by the vllm engine, or leave response_format out",
+        )
 
 
 class TransformersEngine:
@@ -82,8 +131,9 @@ class TransformersEngine:
 
     Inputs of `run_batch`: prompt strings (task ``generate``) or lists of messages (task ``chat``,
     which needs a tokenizer with a chat template). Params, the same for both tasks: ``max_tokens``
-    (16), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop`` (a string or a list of
-    them), ``batch_size`` (prompts per generate call, 32). Load params: ``dtype`` (``float32``,
+    (16; ``max_completion_tokens`` wins), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop``
+    (a string or a list of them), ``batch_size`` (prompts per generate call, 32); see `GenerationParams`
+    for what is refused. Load params: ``dtype`` (``float32``,
     ``float16``, ``bfloat16``); by default float16 on CUDA and float32 on CPU, where half precision is
     slow.
     """
@@ -133,21 +183,39 @@ class TransformersEngine:
         if not items:
             return []
         token_ids = self._prompt_token_ids(tokenizer, items)
+        if generation.truncate:
+            token_ids = self._truncated(token_ids, generation.max_tokens)
         self._check_lengths(token_ids, generation.max_tokens)
 
         import torch
 
-        if generation.seed is not None:
-            torch.manual_seed(generation.seed)
+        # Sampling draws the whole sub-batch's tokens from one generator, so a seeded prompt sampled beside
+        # others would not give what it gives alone: each such prompt runs alone, right after the seed is set.
+        seeded = generation.seed is not None and generation.temperature > 0
+        step = 1 if seeded else generation.batch_size
         responses: list[dict[str, Any]] = [{} for _ in items]
         # Longest first, so that an out-of-memory error, if one comes, comes on the first sub-batch.
         order = sorted(range(len(items)), key=lambda i: len(token_ids[i]), reverse=True)
-        for start in range(0, len(order), generation.batch_size):
-            indices = order[start : start + generation.batch_size]
+        for start in range(0, len(order), step):
+            indices = order[start : start + step]
+            if seeded:
+                torch.manual_seed(generation.seed)
             batch_responses = self._generate(model, tokenizer, [token_ids[i] for i in indices], generation)
             for index, response in zip(indices, batch_responses, strict=True):
                 responses[index] = response
         return responses
+
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        """For each prompt, why it and ``max_tokens`` overflow the model's context, or None where they fit."""
+        model, tokenizer = self._loaded()
+        max_tokens = GenerationParams.from_mapping(params).max_tokens
+        context = getattr(model.config, "max_position_embeddings", None)
+        if context is None:
+            return [None] * len(inputs)
+        return [
+            _overflow(len(ids), max_tokens, context) if len(ids) + max_tokens > context else None
+            for ids in self._prompt_token_ids(tokenizer, list(inputs))
+        ]
 
     def memory_bytes(self) -> int:
         return 0 if self._model is None else module_bytes(self._model)
@@ -194,10 +262,16 @@ class TransformersEngine:
             if not ids:
                 raise ValueError("the prompt is empty")
             if context is not None and len(ids) + max_tokens > context:
-                raise ValueError(
-                    f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} "
-                    f"it exceeds the model's context of {context} tokens"
-                )
+                raise ValueError(_overflow(len(ids), max_tokens, context))
+
+    def _truncated(self, token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+        context = getattr(self._loaded()[0].config, "max_position_embeddings", None)
+        if context is None:
+            return token_ids
+        if max_tokens >= context:
+            raise ParamError("max_tokens", f"max_tokens={max_tokens} leaves no room in the context of {context} tokens")
+        # The end of a prompt is what the model answers; its beginning goes first.
+        return [ids[len(ids) + max_tokens - context :] if len(ids) + max_tokens > context else ids for ids in token_ids]
 
     def _generate(
         self,
@@ -233,6 +307,13 @@ class TransformersEngine:
             _completion(tokenizer, ids, completion, eos_ids, generation)
             for ids, completion in zip(token_ids, completions, strict=True)
         ]
+
+
+def _overflow(prompt_tokens: int, max_tokens: int, context: int) -> str:
+    return (
+        f"the prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} it exceeds the model's context "
+        f"of {context} tokens (truncate: true keeps the prompt's last tokens instead)"
+    )
 
 
 class _StopStrings:

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.base import EngineLoadError, over_limit
 from gpuworkers.engines.messages import require_messages
+from gpuworkers.engines.sampling import is_int, sampling_kwargs
+from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -42,17 +44,19 @@ DEFAULT_GPU_MEMORY_UTILIZATION = settings.CUDA_CACHE_BUDGET_FRACTION
 """vLLM's share of each GPU when the catalog entry does not set ``gpu_memory_utilization``: the warm
 cache's whole budget, since vLLM fills what it is given with KV cache."""
 
-MAX_LOGPROBS = 20
-"""Most alternatives per token a request may ask for (OpenAI's limit, and vLLM's default one)."""
-
 _RESERVED_LOAD_PARAMS = frozenset({"model", "tensor_parallel_size"})
+
+DEFAULT_MAX_TOKENS = 16
+"""``SamplingParams``' own ``max_tokens`` (and OpenAI's completions default), used when a request gives none."""
 
 
 class VllmEngine:
     """Runs a vLLM model; load once per worker process, then call `run_batch` per micro-batch.
 
-    Params of `run_batch` (generate, chat): OpenAI's request fields, see `sampling_kwargs`; others are
-    ignored. Embeddings take no params. Load params: ``dtype`` (``auto``), ``max_model_len`` (the
+    Params of `run_batch` (generate, chat): OpenAI's request fields, see `sampling_kwargs`,
+    ``response_format`` (`structured_output`), and for chat ``tools`` with ``tool_choice`` ``required`` or
+    a named function (`gpuworkers.engines.tools`); `run_requests` takes them per prompt. Embeddings take no
+    params. Load params: ``dtype`` (``auto``), ``max_model_len`` (the
     model's), ``gpu_memory_utilization`` (0.9), and any other keyword argument of ``vllm.LLM``
     (``enforce_eager``, ``quantization``, ``trust_remote_code``...), passed through as given.
     """
@@ -94,6 +98,14 @@ class VllmEngine:
         self._memory_bytes = _device_share_bytes(kwargs["gpu_memory_utilization"])
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return self.run_requests(inputs, [params] * len(inputs))
+
+    def run_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Run a micro-batch whose prompts each have their own params, in one vLLM call.
+
+        vLLM takes one ``SamplingParams`` per prompt, so prompts of different ``max_tokens``, seeds or
+        response formats still share the continuous batch.
+        """
         llm = self._loaded()
         items = list(inputs)
         if not items:
@@ -102,17 +114,62 @@ class VllmEngine:
             embeddings = [embedding_response(output) for output in llm.embed(_require_texts(items), use_tqdm=False)]
             publish_vllm_metrics(llm)
             return embeddings
-        kwargs = sampling_kwargs(params)
-        # One SamplingParams for the whole call: vLLM applies a single value to every prompt.
-        sampling_params = self._vllm.SamplingParams(**kwargs)
+        kwargs = [sampling_kwargs(own) for own in params]
+        calls = [tool_calls(own) if self.spec.task == "chat" else None for own in params]
+        sampling_params = [
+            self._sampling_params(own_kwargs, reply_format(own, call))
+            for own_kwargs, own, call in zip(kwargs, params, calls, strict=True)
+        ]
         if self.spec.task == "generate":
             outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False)
         else:
-            conversations = [require_messages(item) for item in items]
-            outputs = llm.chat(conversations, sampling_params=sampling_params, use_tqdm=False)
-        responses = [completion_response(output, top_logprobs=kwargs.get("logprobs")) for output in outputs]
+            outputs = _chat(llm, [require_messages(item) for item in items], sampling_params, calls)
+        responses = [
+            _with_tool_calls(completion_response(output, top_logprobs=own_kwargs.get("logprobs")), call)
+            for output, own_kwargs, call in zip(outputs, kwargs, calls, strict=True)
+        ]
         publish_vllm_metrics(llm)
         return responses
+
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        """For each input, why it is over the model's ``max_model_len``, or None where it fits.
+
+        A prompt must leave room for ``max_tokens``, as vLLM's OpenAI server asks; without this check vLLM
+        would refuse the whole micro-batch for one long prompt.
+        """
+        llm = self._loaded()
+        limit = int(llm.llm_engine.model_config.max_model_len)
+        tokenizer = llm.get_tokenizer()
+        if self.spec.task == "embed":
+            counts = [len(tokenizer(text)["input_ids"]) for text in _require_texts(list(inputs))]
+            return over_limit(counts, limit, truncatable=False)
+        max_tokens = sampling_kwargs(params).get("max_tokens", DEFAULT_MAX_TOKENS)
+        if self.spec.task == "generate":
+            texts = _require_texts(list(inputs))
+            counts = [len(tokenizer(text)["input_ids"]) for text in texts]
+        else:
+            rendered = [
+                tokenizer.apply_chat_template(require_messages(item), add_generation_prompt=True, tokenize=False)
+                for item in inputs
+            ]
+            # The rendered template already holds the model's special tokens.
+            counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered]
+        return [
+            f"the prompt has {count} tokens; with max_tokens={max_tokens} it exceeds the model's context "
+            f"of {limit} tokens"
+            if count + max_tokens > limit
+            else None
+            for count in counts
+        ]
+
+    def _sampling_params(self, kwargs: dict[str, Any], structured: dict[str, Any] | None) -> Any:
+        if structured is None:
+            return self._vllm.SamplingParams(**kwargs)
+        module = self._vllm.sampling_params
+        # vLLM 0.12 renamed guided decoding to structured outputs and removed the old names.
+        if hasattr(module, "StructuredOutputsParams"):
+            return self._vllm.SamplingParams(**kwargs, structured_outputs=module.StructuredOutputsParams(**structured))
+        return self._vllm.SamplingParams(**kwargs, guided_decoding=module.GuidedDecodingParams(**structured))
 
     def memory_bytes(self) -> int:
         return self._memory_bytes
@@ -133,6 +190,39 @@ class VllmEngine:
         if self._llm is None:
             raise RuntimeError(f"engine for {self.spec.name!r} is not loaded; call load() first")
         return self._llm
+
+
+def _chat(llm: Any, conversations: list[Any], sampling_params: list[Any], calls: list[ToolCalls | None]) -> list[Any]:
+    """``llm.chat`` over the micro-batch: one call, or one per distinct list of tools, since the chat
+    template renders one list for all the conversations of a call."""
+    groups: dict[str, list[int]] = {}
+    for index, call in enumerate(calls):
+        groups.setdefault(tools_key(call.tools if call else None), []).append(index)
+    outputs: list[Any] = [None] * len(conversations)
+    for indices in groups.values():
+        call = calls[indices[0]]
+        extra = {"tools": list(call.tools)} if call is not None else {}
+        answered = llm.chat(
+            [conversations[index] for index in indices],
+            sampling_params=[sampling_params[index] for index in indices],
+            use_tqdm=False,
+            **extra,
+        )
+        for index, output in zip(indices, answered, strict=True):
+            outputs[index] = output
+    return outputs
+
+
+def _with_tool_calls(response: dict[str, Any], calls: ToolCalls | None) -> dict[str, Any]:
+    """Each sample's reply read back as tool calls (``tool_calls``, finish_reason ``tool_calls``); a reply
+    cut before its JSON ended keeps its text and finish_reason ``length``."""
+    if calls is None:
+        return response
+    for sample in [response, *response.get("choices", ())]:
+        parsed = calls.calls(sample["text"])
+        if parsed:
+            sample.update(text="", tool_calls=parsed, finish_reason="tool_calls")
+    return response
 
 
 def tensor_parallel_size(spec: ModelSpec, visible_devices: str | None) -> int:
@@ -180,43 +270,13 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(utilization, bool) or not isinstance(utilization, int | float) or not 0 < utilization <= 1:
         raise EngineLoadError(f"gpu_memory_utilization must be a number in (0, 1], not {utilization!r}")
     max_model_len = kwargs.setdefault("max_model_len", None)
-    if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 1):
+    if max_model_len is not None and (not is_int(max_model_len) or max_model_len < 1):
         raise EngineLoadError(f"max_model_len must be a positive integer, not {max_model_len!r}")
     dtype = kwargs.setdefault("dtype", "auto")
     if not isinstance(dtype, str):
         raise EngineLoadError(f"dtype must be a string such as 'auto' or 'bfloat16', not {dtype!r}")
     # vLLM keeps its statistics only when asked; the slot re-exports them on the host's /metrics.
     kwargs.setdefault("disable_log_stats", False)
-    return kwargs
-
-
-def sampling_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keyword arguments from OpenAI-style request params.
-
-    Read, with OpenAI's ranges: ``max_tokens`` (or ``max_completion_tokens``, which wins), ``temperature``,
-    ``top_p``, ``n``, ``stop``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
-    ``logprobs`` (chat: true, with ``top_logprobs`` alternatives; completions: the number of
-    alternatives), and vLLM's ``top_k`` and ``repetition_penalty``. Any other key is ignored; a field
-    left out or null keeps vLLM's default (``max_tokens`` 16, ``temperature`` 1.0, as OpenAI's).
-
-    Raises ValueError naming the field for a value of the wrong type or out of range.
-    """
-    kwargs: dict[str, Any] = {}
-    for name in ("max_completion_tokens", "max_tokens"):
-        if params.get(name) is not None:
-            kwargs["max_tokens"] = _integer(params, name, minimum=1)
-            break
-    _put(kwargs, "temperature", _number(params, "temperature", 0, 2))
-    _put(kwargs, "top_p", _number(params, "top_p", 0, 1, low_open=True))
-    _put(kwargs, "n", _integer(params, "n", minimum=1))
-    _put(kwargs, "seed", _integer(params, "seed"))
-    _put(kwargs, "presence_penalty", _number(params, "presence_penalty", -2, 2))
-    _put(kwargs, "frequency_penalty", _number(params, "frequency_penalty", -2, 2))
-    _put(kwargs, "top_k", _integer(params, "top_k", minimum=-1))
-    _put(kwargs, "repetition_penalty", _number(params, "repetition_penalty", 0, 2, low_open=True))
-    _put(kwargs, "stop", _stop(params.get("stop")))
-    _put(kwargs, "logprobs", _logprobs(params))
-    _put(kwargs, "logit_bias", _logit_bias(params.get("logit_bias")))
     return kwargs
 
 
@@ -285,82 +345,6 @@ def _logprob_content(token_ids: Sequence[int], positions: Sequence[Any], top: in
 def _token_text(entry: Any) -> str:
     text = None if entry is None else entry.decoded_token
     return text if isinstance(text, str) else ""
-
-
-def _put(kwargs: dict[str, Any], name: str, value: Any) -> None:
-    if value is not None:
-        kwargs[name] = value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _integer(params: Mapping[str, Any], name: str, *, minimum: int | None = None) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if not _is_int(value):
-        raise ValueError(f"{name} must be an integer, not {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, not {value}")
-    return int(value)
-
-
-def _number(params: Mapping[str, Any], name: str, low: float, high: float, *, low_open: bool = False) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, not {value!r}")
-    if value > high or value < low or (low_open and value == low):
-        interval = f"{'(' if low_open else '['}{low}, {high}]"
-        raise ValueError(f"{name} must be in {interval}, not {value}")
-    return float(value)
-
-
-def _stop(stop: Any) -> list[str] | None:
-    if stop is None:
-        return None
-    items = [stop] if isinstance(stop, str) else stop
-    if not isinstance(items, list | tuple) or not all(isinstance(item, str) and item for item in items):
-        raise ValueError(f"stop must be a non-empty string or a list of them, not {stop!r}")
-    return list(items) or None
-
-
-def _logprobs(params: Mapping[str, Any]) -> int | None:
-    """Alternatives per token to return, from chat's ``logprobs``/``top_logprobs`` or completions' ``logprobs``."""
-    logprobs = params.get("logprobs")
-    top = _integer(params, "top_logprobs", minimum=0)
-    if top is not None and top > MAX_LOGPROBS:
-        raise ValueError(f"top_logprobs must be at most {MAX_LOGPROBS}, not {top}")
-    if isinstance(logprobs, bool) or logprobs is None:
-        if top is not None and not logprobs:
-            raise ValueError("top_logprobs needs logprobs to be true")
-        return (top or 0) if logprobs else None
-    if top is not None:
-        raise ValueError("top_logprobs goes with logprobs: true; an integer logprobs already says how many")
-    count = _integer(params, "logprobs", minimum=0)
-    if count is not None and count > MAX_LOGPROBS:
-        raise ValueError(f"logprobs must be at most {MAX_LOGPROBS}, not {count}")
-    return count
-
-
-def _logit_bias(bias: Any) -> dict[int, float] | None:
-    if bias is None:
-        return None
-    if not isinstance(bias, Mapping):
-        raise ValueError(f"logit_bias must map token ids to biases, not {bias!r}")
-    checked: dict[int, float] = {}
-    for token, value in bias.items():
-        try:
-            token_id = int(token)
-        except (TypeError, ValueError):
-            raise ValueError(f"logit_bias keys must be token ids, not {token!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
-            raise ValueError(f"logit_bias values must be numbers in [-100, 100], not {value!r}")
-        checked[token_id] = float(value)
-    return checked or None
 
 
 def _require_texts(inputs: list[Any]) -> list[str]:

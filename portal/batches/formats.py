@@ -3,11 +3,17 @@
 An OpenAI batch input file holds one request a line, ``{"custom_id", "method": "POST", "url", "body"}``,
 each body a whole request to the batch's endpoint. A Batchery job runs one model with one set of params
 over records ``{"custom_id", <input field>}``. `convert_requests` checks an uploaded file against the
-batch's endpoint, splits each body into the model, the record's input and the job's params, and writes
-the job's input; a file whose lines disagree on the model or the params is refused, since a job cannot
-honour them. An embeddings request's list of texts stays one record, embedded text by text on the worker.
+batch's endpoint, splits each body into the model, the record's input and its params, and writes the
+job's input. The first good line's params become the job's; a line whose params differ carries its own in
+the record (``params``, with null for a field of the job's it leaves out), which the worker runs with. A
+file whose lines disagree on the model (or on ``encoding_format``, which shapes the whole output file) is
+refused, since a job runs one model. Each line's params are judged against the engine of the model it
+names (`ParamsCheck`), so what the engine cannot honour is refused naming the line and the field.
+An embeddings request's list of texts stays one record, embedded text by text on the worker. A Responses
+API request (``/v1/responses``, text in and out) becomes a chat record: its ``input`` and ``instructions`` a
+conversation, its ``max_output_tokens`` and ``text.format`` chat's ``max_tokens`` and ``response_format``.
 `convert_outputs` turns the job's output into OpenAI's output and error files, with the response bodies
-of OpenAI's endpoints (``CreateEmbeddingResponse``, ``ChatCompletion``, ``Completion``).
+of OpenAI's endpoints (``CreateEmbeddingResponse``, ``ChatCompletion``, ``Completion``, ``Response``).
 
 No Django here: the views and tasks hand these functions open files.
 """
@@ -35,8 +41,17 @@ class BatchEndpoint:
     task: str
     """The model task that runs its requests."""
     input_field: str
-    """The body field holding the request's input; a Batchery record of the task reads the same field."""
+    """The record field the task reads (`tasks.formats.records.input_field_for`)."""
+    body_field: str | None = None
+    """The body field holding the request's input, where it is not ``input_field``."""
 
+    @property
+    def request_field(self) -> str:
+        return self.body_field or self.input_field
+
+
+RESPONSES = "/v1/responses"
+MODERATIONS = "/v1/moderations"
 
 ENDPOINTS: Mapping[str, BatchEndpoint] = {
     endpoint.url: endpoint
@@ -44,8 +59,35 @@ ENDPOINTS: Mapping[str, BatchEndpoint] = {
         BatchEndpoint("/v1/embeddings", "embed", "input"),
         BatchEndpoint("/v1/completions", "generate", "prompt"),
         BatchEndpoint("/v1/chat/completions", "chat", "messages"),
+        # The Responses API's text form: its input (and instructions) become a conversation for task chat.
+        BatchEndpoint(RESPONSES, "chat", "messages", body_field="input"),
+        # Served by a classification model whose labels are OpenAI's moderation categories.
+        BatchEndpoint(MODERATIONS, "classify", "input"),
     )
 }
+
+MODERATION_CATEGORIES = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/instructions",
+    "self-harm/intent",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+"""OpenAI's moderation categories: a moderation model's labels (after its catalog ``label_map``)."""
+
+MODERATION_THRESHOLD = 0.5
+"""A category's score from which the input is flagged for it."""
+
+RESPONSES_PARAMS: Mapping[str, str] = {"max_output_tokens": "max_tokens", "text": "response_format"}
+"""Responses API body fields and the engine params (chat's names) they become."""
 
 
 class UnsupportedEndpoint(ValueError):
@@ -72,6 +114,18 @@ DimensionsCheck = Callable[[str, Any], str | None]
 catalog holds under that name, as the words after the field's name; None if nothing (or no such model,
 which the submission refuses by itself)."""
 
+ParamsCheck = Callable[[str, Mapping[str, Any]], tuple[str, str] | None]
+"""``(model name, params) -> (field, message)``: the first of a request's params that the engine of the
+model the catalog holds under that name cannot honour, the message starting with the field's name; None
+if nothing (or no such model)."""
+
+CALLER_FIELDS = frozenset({"user", "safety_identifier", "prompt_cache_key"})
+"""Body fields that name the caller or a cache key: they change nothing a response holds, so they are
+taken and not passed to the engine."""
+
+BATCH_WIDE_FIELDS = frozenset({"encoding_format"})
+"""Body fields every line must give alike: they shape the whole output file, not one response."""
+
 
 @dataclass(frozen=True)
 class RequestProblem:
@@ -97,7 +151,8 @@ class RequestConversion:
     model: str | None = None
     """The model every request names (None when no line was good)."""
     params: dict[str, Any] = field(default_factory=dict)
-    """The job's params: every body field but the model and the input, the same on every line."""
+    """The job's params: the first good line's body fields but the model and the input; other lines'
+    records carry their own where they differ."""
     records: int = 0
     """Good lines, each written as a record."""
     problems: list[RequestProblem] = field(default_factory=list)
@@ -124,6 +179,7 @@ def convert_requests(
     max_problems: int = 20,
     max_line_bytes: int,
     dimensions_problem: DimensionsCheck | None = None,
+    params_problem: ParamsCheck | None = None,
 ) -> RequestConversion:
     """Check an OpenAI batch input file and write its requests to ``target`` as Batchery records.
 
@@ -138,8 +194,10 @@ def convert_requests(
 
     ``dimensions_problem(model, dimensions)`` judges an embeddings request's ``dimensions`` against the
     named model's catalog entry (what is wrong, or None); without it, no model takes ``dimensions``.
+    ``params_problem(model, params)`` judges each line's params against the named model's engine;
+    without it, params are not judged beyond what the conversion itself reads.
     """
-    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem)
+    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem, params_problem)
     result = RequestConversion()
     seen_line = False
     for line_no, raw in _numbered_lines(source, max_line_bytes):
@@ -208,7 +266,7 @@ class _BadLine(Exception):
 
 @dataclass(frozen=True)
 class _Reference:
-    """The first good line: every other line must name its model and repeat its params."""
+    """The first good line: every other line must name its model; its params are the job's."""
 
     line: int
     model: str
@@ -219,11 +277,16 @@ class _RequestChecker:
     """Checks lines one by one, remembering the custom_ids seen and the first good line."""
 
     def __init__(
-        self, endpoint: BatchEndpoint, max_line_bytes: int, dimensions_problem: DimensionsCheck | None = None
+        self,
+        endpoint: BatchEndpoint,
+        max_line_bytes: int,
+        dimensions_problem: DimensionsCheck | None = None,
+        params_problem: ParamsCheck | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.max_line_bytes = max_line_bytes
         self.dimensions_problem = dimensions_problem
+        self.params_problem = params_problem
         self.reference: _Reference | None = None
         self._first_lines: dict[str, int] = {}
 
@@ -254,18 +317,29 @@ class _RequestChecker:
             raise _BadLine("missing_body", _must("body", "a JSON object", body), "body")
         model = self._model(body.get("model"))
         value = _record_input(self.endpoint, body)
-        params = {key: item for key, item in body.items() if key not in ("model", self.endpoint.input_field)}
+        params = {
+            key: item
+            for key, item in body.items()
+            if key not in ("model", self.endpoint.request_field) and key not in CALLER_FIELDS
+        }
+        _check_params(self.endpoint, params)
+        if self.endpoint.url == RESPONSES:
+            params = _responses_params(params)
         if "dimensions" in params:
-            # Checked on every line, not only the first: each bad line is named.
             self._check_dimensions(model, params["dimensions"])
-        if self.reference is None:
-            _check_params(self.endpoint, params)
+        if self.params_problem is not None and (problem := self.params_problem(model, params)) is not None:
+            param, message = problem
+            body_param, body_message = _body_name(self.endpoint, param), _body_name(self.endpoint, message)
+            raise _BadLine("invalid_param", f"body.{body_message}", f"body.{body_param}")
+        record: dict[str, Any] = {"custom_id": custom_id, self.endpoint.input_field: value}
+        reference = self.reference
+        if reference is None:
             self.reference = _Reference(line, model, params)
-        elif params != self.reference.params:
-            raise _mixed_params(self.reference, params)
-        return orjson.dumps(
-            {"custom_id": custom_id, self.endpoint.input_field: value}, option=orjson.OPT_APPEND_NEWLINE
-        )
+        elif params != reference.params:
+            _check_batch_wide(reference, params)
+            # A null stands for a field of the job's params this line leaves out: the engine's default.
+            record["params"] = {**dict.fromkeys(reference.params), **params}
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
     def _check_dimensions(self, model: str, dimensions: Any) -> None:
         if self.endpoint.task != "embed":
@@ -303,10 +377,12 @@ class _RequestChecker:
 
 def _record_input(endpoint: BatchEndpoint, body: dict[str, Any]) -> Any:
     """The record's input from the request body."""
-    name = f"body.{endpoint.input_field}"
-    if endpoint.input_field not in body:
+    name = f"body.{endpoint.request_field}"
+    if endpoint.request_field not in body:
         raise _BadLine("missing_input", f"{name} is missing: an {endpoint.url} request needs one", name)
-    value = body[endpoint.input_field]
+    value = body[endpoint.request_field]
+    if endpoint.url == RESPONSES:
+        return _responses_conversation(value, body.get("instructions"))
     if endpoint.task == "chat":
         if not _is_conversation(value):
             message = (
@@ -321,53 +397,149 @@ def _record_input(endpoint: BatchEndpoint, body: dict[str, Any]) -> Any:
         if (problem := input_problem(endpoint.input_field, value)) is not None:
             raise _BadLine("invalid_input", f"body.{problem}", name)
         return value[0] if isinstance(value, list) and len(value) == 1 else value
-    # Completions take a text; Batchery runs one prompt a record, so a list of one is unwrapped.
+    # Completions and moderations take a text; Batchery runs one input a record, so a list of one is unwrapped.
     if isinstance(value, str):
         return value
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         if len(value) == 1:
             return value[0]
+        noun = "prompt" if endpoint.task == "generate" else "input"
         message = (
-            f"{name} holds {len(value)} prompts, but Batchery runs one prompt a request: "
-            "give each prompt its own line and custom_id"
+            f"{name} holds {len(value)} {noun}s, but Batchery runs one {noun} a request: "
+            f"give each {noun} its own line and custom_id"
         )
         raise _BadLine("invalid_input", message, name)
     raise _BadLine("invalid_input", _must(name, "a string (or a list of one string)", value), name)
 
 
+def _responses_conversation(value: Any, instructions: Any) -> list[dict[str, Any]]:
+    """A Responses API ``input`` (a text, or a list of messages of text) and its ``instructions`` as chat messages."""
+    if instructions is not None and not isinstance(instructions, str):
+        raise _BadLine("invalid_input", _must("body.instructions", "a string", instructions), "body.instructions")
+    messages = [{"role": "system", "content": instructions}] if instructions else []
+    if isinstance(value, str) and value:
+        return [*messages, {"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise _BadLine("invalid_input", _must("body.input", "a string or a list of messages", value), "body.input")
+    for index, item in enumerate(value):
+        messages.append(_responses_message(item, f"body.input[{index}]"))
+    return messages
+
+
+def _responses_message(item: Any, name: str) -> dict[str, Any]:
+    if not isinstance(item, dict) or item.get("type", "message") != "message":
+        # Function calls, their outputs and reasoning items need tools, which Batchery does not run.
+        raise _BadLine("invalid_input", _must(name, "a message (type 'message')", item), name)
+    role, content = item.get("role"), item.get("content")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise _BadLine("invalid_input", _must(f"{name}.role", "user, assistant, system or developer", role), name)
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    parts = content if isinstance(content, list) else None
+    texts = [
+        part["text"]
+        for part in parts or ()
+        if isinstance(part, dict)
+        and part.get("type") in ("input_text", "output_text")
+        and isinstance(part.get("text"), str)
+    ]
+    if not parts or len(texts) != len(parts):
+        message = _must(f"{name}.content", "a string or a list of input_text parts (text only)", content)
+        raise _BadLine("invalid_input", message, f"{name}.content")
+    return {"role": role, "content": "".join(texts)}
+
+
+def _responses_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body's params in chat's names; ``instructions`` went into the conversation."""
+    params.pop("instructions", None)
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        if params.get(name) is not None:
+            # The Responses API's tools (built-in ones among them) and its function-call output items differ
+            # from chat's; only chat's are served.
+            message = (
+                f"body.{name} is not supported on /v1/responses here; tool calls are served on /v1/chat/completions"
+            )
+            raise _BadLine("invalid_param", message, f"body.{name}")
+    if params.get("top_logprobs") is not None:
+        # A Response carries logprobs only when `include` asks for them, which is not served here.
+        message = "body.top_logprobs is not supported on /v1/responses: its answers carry no logprobs here"
+        raise _BadLine("invalid_param", message, "body.top_logprobs")
+    if params.get("truncation") in (None, "disabled"):
+        # OpenAI's default: a request too long for the model fails, as it does here without truncate.
+        params.pop("truncation", None)
+    elif params.get("truncation") == "auto":
+        params["truncate"] = True
+        del params["truncation"]
+    text = params.get("text")
+    if text is not None:
+        if not isinstance(text, dict) or set(text) - {"format"}:
+            raise _BadLine("invalid_param", _must("body.text", 'an object {"format": ...}', text), "body.text")
+        text_format = text.get("format")
+        if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+            # The Responses API puts the schema's name and options beside its type; chat nests them.
+            text_format = {
+                "type": "json_schema",
+                "json_schema": {key: item for key, item in text_format.items() if key != "type"},
+            }
+        params["text"] = text_format
+    return {RESPONSES_PARAMS.get(key, key): item for key, item in params.items()}
+
+
+_RESPONSES_NAMES = (
+    ("max_tokens", "max_output_tokens"),
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("truncate", "truncation"),
+)
+"""Engine param names, longest first, and what a Responses API body calls them."""
+
+
+def _body_name(endpoint: BatchEndpoint, text: str) -> str:
+    """A param's name, or a message that starts with it, in the words of the request body."""
+    if endpoint.url != RESPONSES:
+        return text
+    for engine_name, body_name in _RESPONSES_NAMES:
+        if text == engine_name or text.startswith((engine_name + ".", engine_name + " ")):
+            return body_name + text[len(engine_name) :]
+    return text
+
+
 def _is_conversation(messages: Any) -> bool:
+    return isinstance(messages, list) and bool(messages) and all(_is_message(message) for message in messages)
+
+
+def _is_message(message: Any) -> bool:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return False
+    if isinstance(message.get("content"), str | list):
+        return True
+    # An assistant turn of tool calls has no content, as OpenAI's clients send it back.
     return (
-        isinstance(messages, list)
-        and bool(messages)
-        and all(
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str | list)
-            for message in messages
-        )
+        message["role"] == "assistant" and isinstance(message.get("tool_calls"), list) and bool(message["tool_calls"])
     )
 
 
 def _check_params(endpoint: BatchEndpoint, params: dict[str, Any]) -> None:
-    """Refuse a param `convert_outputs` could not honour; checked on the first good line, the others repeat it."""
+    """Refuse a param the conversion itself reads and could not honour."""
     encoding = params.get("encoding_format")
     if endpoint.task == "embed" and encoding is not None and encoding not in EMBEDDING_ENCODINGS:
         message = _must("body.encoding_format", "'float' or 'base64'", encoding)
         raise _BadLine("invalid_param", message, "body.encoding_format")
+    if params.get("stream"):
+        raise _BadLine(
+            "invalid_param", "body.stream must be false or left out: a batch's responses do not stream", "body.stream"
+        )
+    params.pop("stream", None)
 
 
-def _mixed_params(reference: _Reference, params: dict[str, Any]) -> _BadLine:
-    absent = object()
-    differing = sorted(
-        key
-        for key in params.keys() | reference.params.keys()
-        if params.get(key, absent) != reference.params.get(key, absent)
-    )
-    message = (
-        f"body differs from line {reference.line}'s in {', '.join(differing)}; "
-        "a batch runs every request with one set of parameters"
-    )
-    return _BadLine("mixed_params", message, f"body.{differing[0]}")
+def _check_batch_wide(reference: _Reference, params: dict[str, Any]) -> None:
+    for name in sorted(BATCH_WIDE_FIELDS):
+        if params.get(name) != reference.params.get(name):
+            message = (
+                f"body.{name} differs from line {reference.line}'s; it shapes the whole output file, "
+                "so every request of a batch must give the same"
+            )
+            raise _BadLine("mixed_params", message, f"body.{name}")
 
 
 def _must(name: str, expected: str, value: Any) -> str:
@@ -404,10 +576,11 @@ STOPPED_BATCH_ERRORS: Mapping[str, tuple[str, str]] = {
 }
 """Batchery's codes for records that never ran, to OpenAI's ``(code, message)``: these get no response."""
 
-CLIENT_ERROR_CODES = frozenset({"engine_error"})
+CLIENT_ERROR_CODES = frozenset({"engine_error", "input_too_long", "invalid_model"})
 """Record failures that are the request's fault, answered with status 400: the engine raised on the record
-when it ran alone (a bad input or param). Any other failure (``out_of_memory``, ``poison_record``,
-``shard_failed``...) is the server's: status 500."""
+when it ran alone (a bad input or param), the input is longer than the model takes, or the model cannot
+serve the endpoint. Any other failure
+(``out_of_memory``, ``poison_record``, ``shard_failed``...) is the server's: status 500."""
 
 UNLIKELY_LOGPROB = -9999.0
 """OpenAI's logprob for a token outside the likeliest ones; stands in where the engine has none."""
@@ -423,11 +596,13 @@ def convert_outputs(
     batch_id: str,
     created: int,
     encoding_format: str = "float",
+    system_fingerprint: str | None = None,
 ) -> OutputCounts:
     """Write a Batchery job's output lines as OpenAI's batch output (successes) and error (failures) files.
 
     ``model`` is the name the requests gave, ``created`` the Unix time given to each completion, and
-    ``encoding_format`` the embeddings' (the job's param: ``float`` or ``base64``). Every id is derived
+    ``encoding_format`` the embeddings' (the job's param: ``float`` or ``base64``), ``system_fingerprint``
+    the completions' (`system_fingerprint`: what served them). Every id is derived
     from ``batch_id`` and the custom_id, so converting the same output twice gives the same files.
     Raises `UnsupportedEndpoint`, or ValueError for another ``encoding_format``, before reading anything.
     """
@@ -445,8 +620,23 @@ def convert_outputs(
             "custom_id": custom_id,
         }
         request_id = _derived_id("request", batch_id, custom_id)
+        if record.get("error") is None and endpoint == MODERATIONS and not _scores_moderation(record["response"]):
+            labels = ", ".join(sorted(record["response"].get("scores", {})))
+            message = (
+                f"model {model!r} scores {labels}, none of OpenAI's moderation categories; "
+                "its catalog entry's label_map must name them"
+            )
+            record = {**record, "error": {"code": "invalid_model", "message": message}}
         if record.get("error") is None:
-            body = _response_body(task, record["response"], model, created, _derived_id(task, batch_id, custom_id))
+            ident = _derived_id(task, batch_id, custom_id)
+            if endpoint == RESPONSES:
+                body = _responses_body(record["response"], model, created, ident)
+            elif endpoint == MODERATIONS:
+                body = _moderation_body(record["response"], model, ident)
+            else:
+                body = _response_body(task, record["response"], model, created, ident)
+            if task in ("generate", "chat") and endpoint != RESPONSES:
+                body["system_fingerprint"] = system_fingerprint
             if task == "embed" and encoding_format == "base64":
                 for item in body["data"]:
                     item["embedding"] = _base64_floats(item["embedding"])
@@ -458,6 +648,12 @@ def convert_outputs(
         errors.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
         failed += 1
     return OutputCounts(completed=completed, failed=failed)
+
+
+def system_fingerprint(engine: str, name: str, version: str) -> str:
+    """What served a batch's completions, as OpenAI's ``system_fingerprint`` tells a client that the backend
+    changed: the engine and the catalog model's version."""
+    return f"batchery-{engine}-{name}@{version}"
 
 
 def _derived_id(kind: str, batch_id: str, custom_id: str) -> str:
@@ -504,7 +700,7 @@ def _response_body(task: str, response: Mapping[str, Any], model: str, created: 
     # The engine lists every sample in "choices" only when there are several; one sample is the response itself.
     samples = response.get("choices") or [{**response, "index": 0}]
     if task == "chat":
-        choices = [_chat_choice(sample) for sample in samples]
+        choices = [_chat_choice(sample, ident) for sample in samples]
         prefix, kind = "chatcmpl-", "chat.completion"
     else:
         choices = [_text_choice(sample) for sample in samples]
@@ -519,15 +715,98 @@ def _response_body(task: str, response: Mapping[str, Any], model: str, created: 
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            # No prompt cache discount, audio, reasoning or predicted outputs here: OpenAI's zeros, not absent
+            # fields, so that clients summing them need no special case.
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         },
     }
 
 
-def _chat_choice(sample: Mapping[str, Any]) -> dict[str, Any]:
+def _scores_moderation(response: Mapping[str, Any]) -> bool:
+    return bool(set(response.get("scores", {})) & set(MODERATION_CATEGORIES))
+
+
+def _moderation_body(response: Mapping[str, Any], model: str, ident: str) -> dict[str, Any]:
+    """OpenAI's moderation result for one classified text. A category the model does not score reads false,
+    with score 0 and no input type it was applied to, so a client can tell it from one judged clean."""
+    scores = response["scores"]
+    return {
+        "id": "modr-" + ident,
+        "model": model,
+        "results": [
+            {
+                "flagged": any(scores.get(name, 0.0) >= MODERATION_THRESHOLD for name in MODERATION_CATEGORIES),
+                "categories": {name: scores.get(name, 0.0) >= MODERATION_THRESHOLD for name in MODERATION_CATEGORIES},
+                "category_scores": {name: float(scores.get(name, 0.0)) for name in MODERATION_CATEGORIES},
+                "category_applied_input_types": {
+                    name: ["text"] if name in scores else [] for name in MODERATION_CATEGORIES
+                },
+            }
+        ],
+    }
+
+
+def _responses_body(response: Mapping[str, Any], model: str, created: int, ident: str) -> dict[str, Any]:
+    """A Responses API ``Response`` for one generated reply; one cut at ``max_output_tokens`` is incomplete."""
+    input_tokens, output_tokens = int(response["usage"]["prompt_tokens"]), int(response["usage"]["completion_tokens"])
+    complete = response["finish_reason"] != "length"
+    status = "completed" if complete else "incomplete"
+    return {
+        "id": "resp_" + ident,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None if complete else {"reason": "max_output_tokens"},
+        "model": model,
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_" + ident,
+                "status": status,
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": response["text"], "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": False,
+        "tool_choice": "none",
+        "tools": [],
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def _chat_choice(sample: Mapping[str, Any], ident: str) -> dict[str, Any]:
     logprobs = sample.get("logprobs")
+    message: dict[str, Any] = {"role": "assistant", "content": sample["text"], "refusal": None}
+    if sample.get("tool_calls"):
+        # As OpenAI answers a reply of tool calls: no content, each call with an id the next turn refers to.
+        message["content"] = None
+        message["tool_calls"] = [
+            {
+                "id": "call_" + hashlib.sha256(f"{ident}:{sample['index']}:{number}".encode()).hexdigest()[:24],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+            for number, call in enumerate(sample["tool_calls"])
+        ]
     return {
         "index": sample["index"],
-        "message": {"role": "assistant", "content": sample["text"], "refusal": None},
+        "message": message,
         "finish_reason": sample["finish_reason"],
         "logprobs": None if logprobs is None else {"content": _chat_logprobs(logprobs["content"]), "refusal": None},
     }

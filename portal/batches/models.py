@@ -2,7 +2,8 @@
 
 A batch's status, counts and timestamps are read from its job; the batch row holds only what OpenAI
 has and Batchery does not: the endpoint, the window, the metadata, the validation errors and the
-output files in OpenAI's line format.
+output files in OpenAI's line format. A batch without a job, errors or an ending is still `validating`
+(a large input file is checked by a control task, `portal/batches/services/validation.py`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Batch(models.Model):
     error_file = models.ForeignKey(File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     finalized_at = models.DateTimeField(null=True, blank=True, help_text="When the output files were written.")
+    cancelled_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was cancelled while validating, before it had a job."
+    )
     output_expires_after_seconds = models.PositiveIntegerField(
         null=True,
         blank=True,

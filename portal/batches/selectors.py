@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from rest_framework.request import Request
 
 from portal.batches.models import Batch, File
-from portal.jobs.models import Job, JobStatus
+from portal.jobs.models import Job, JobStatus, JobUsage
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.partial import OFFERED_STATUSES
 
@@ -37,8 +39,14 @@ def _seconds(moment: dt.datetime | None) -> int | None:
 
 def batch_status(batch: Batch) -> str:
     job = batch.job
-    if batch.validation_errors is not None or job is None:
+    if batch.validation_errors is not None:
         return "failed"
+    if job is None:
+        # No job yet: its input file is being validated (`batchery.validate_batch`), or it was cancelled
+        # meanwhile. One that ended otherwise without a job (its job deleted by an operator) failed.
+        if batch.cancelled_at is not None:
+            return "cancelled"
+        return "validating" if batch.finalized_at is None else "failed"
     if job.status in RUNNING_STATUSES:
         return RUNNING_STATUSES[job.status]
     if batch.finalized_at is None:
@@ -61,6 +69,29 @@ def _request_counts(job: Job | None) -> dict[str, int]:
         }
     progress = job_progress(job)
     return {"total": progress.total or 0, "completed": progress.done - progress.failed, "failed": progress.failed}
+
+
+def _usage(job: Job | None) -> dict[str, Any] | None:
+    """OpenAI's token totals of the batch: the ledger's once the job has ended, its committed shards' before."""
+    if job is None:
+        return None
+    if job.is_finished:
+        ledger = JobUsage.objects.filter(job=job).values_list("prompt_tokens", "completion_tokens").first()
+        if ledger is None:
+            return None
+        input_tokens, output_tokens = ledger
+    else:
+        totals = job.shards.aggregate(
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0), completion_tokens=Coalesce(Sum("completion_tokens"), 0)
+        )
+        input_tokens, output_tokens = int(totals["prompt_tokens"]), int(totals["completion_tokens"])
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 def _errors(batch: Batch, status: str) -> dict[str, Any] | None:
@@ -109,9 +140,12 @@ def batch_object(batch: Batch, *, request: Request | None = None) -> dict[str, A
         "completed_at": _seconds(ended_at) if status == "completed" else None,
         "failed_at": _seconds(ended_at or batch.created_at) if status == "failed" else None,
         "expired_at": _seconds(ended_at) if status == "expired" else None,
-        "cancelling_at": _seconds(reached.get(JobStatus.CANCELLING) or reached.get(JobStatus.CANCELLED)),
+        "cancelling_at": _seconds(
+            reached.get(JobStatus.CANCELLING) or reached.get(JobStatus.CANCELLED) or batch.cancelled_at
+        ),
         "cancelled_at": _seconds(ended_at) if status == "cancelled" else None,
         "request_counts": _request_counts(job),
+        "usage": _usage(job),
         "metadata": batch.metadata,
         "partial_output_url": _partial_output_url(job, request),
     }

@@ -1,7 +1,7 @@
 """Throughput: how long a shard of a model takes on a GPU class, learned from finished shards.
 
 The scheduler calls `throughput_observe` when a shard finishes; the planner calls
-`throughput_estimate` to cut a job's input into shards of about equal cost (`jobs/services/plan.py`).
+`throughput_estimate` to cut a job's input into shards of about equal cost (`jobs/services/shard_cut.py`).
 The fit itself is `ModelThroughput.rates`.
 """
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import orjson
 from django.conf import settings
 
-from portal.catalog.models import GpuClass, Model
-from portal.catalog.services import catalog_publish
+from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job
 from portal.jobs.services.storage_layout import job_root
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_catalog import bench_model_register
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
@@ -95,23 +95,6 @@ def _records(path: Path, count: int) -> Path:
             b"".join(orjson.dumps({"custom_id": f"r{n:07d}", "input": f"sentence {n}"}) + b"\n" for n in range(count))
         )
     return path
-
-
-def _zero_model() -> Model:
-    model, _ = Model.objects.update_or_create(
-        name=MODEL_NAME,
-        version="1",
-        defaults={
-            "engine": Model.Engine.PYTHON,
-            "task": Model.Task.EMBED,
-            "source": "portal.ops.bench_models:zero_embed_factory",
-            "gpu_class": GpuClass.objects.get(name="cpu"),
-            "default_params": {},
-            "is_default": False,
-        },
-    )
-    catalog_publish()
-    return model
 
 
 def _run_job(tenant: Tenant, path: Path, *, shard_size: int | None, timeout_s: float = 600) -> tuple[Job, float]:
@@ -286,7 +269,7 @@ def run_ceiling_bench(
     *, slots: int = 2, records: int = 100_000, shards: int = 1000, profile: bool = True, say: Callable[[str], None]
 ) -> CeilingFigures:
     data = Path(settings.VAR_DIR) / "bench" / "ceiling"
-    _zero_model()
+    bench_model_register(name=MODEL_NAME, task=Model.Task.EMBED, factory="zero_embed_factory", default_params={})
     tenant = tenant_get_or_create(name="bench-ceiling")
     big = _records(data / f"records-{records}.jsonl", records)
     one_a_shard = _records(data / f"records-{shards}.jsonl", shards)

@@ -20,11 +20,11 @@ from pathlib import Path
 import orjson
 from django.conf import settings
 
-from portal.catalog.models import GpuClass, Model
-from portal.catalog.services import catalog_publish
+from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
 from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_catalog import bench_model_register
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
@@ -75,23 +75,6 @@ def _records(path: Path, count: int) -> Path:
     return path
 
 
-def _bench_model() -> Model:
-    model, _ = Model.objects.update_or_create(
-        name=MODEL_NAME,
-        version="1",
-        defaults={
-            "engine": Model.Engine.PYTHON,
-            "task": Model.Task.CLASSIFY,
-            "source": "portal.ops.bench_models:sleep_factory",
-            "gpu_class": GpuClass.objects.get(name="cpu"),
-            "default_params": {"sleep_per_record": SECONDS_PER_RECORD, "seconds_per_record": SECONDS_PER_RECORD},
-            "is_default": False,
-        },
-    )
-    catalog_publish()
-    return model
-
-
 def _wait_end(job: Job, timeout_s: float = 600) -> Job:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -133,7 +116,12 @@ def _submit(
 
 def run_fairness_bench(*, slots: int, say: Callable[[str], None]) -> FairnessFigures:
     data = Path(settings.VAR_DIR) / "bench" / "fairness"
-    _bench_model()
+    bench_model_register(
+        name=MODEL_NAME,
+        task=Model.Task.CLASSIFY,
+        factory="sleep_factory",
+        default_params={"sleep_per_record": SECONDS_PER_RECORD, "seconds_per_record": SECONDS_PER_RECORD},
+    )
     a, b = tenant_get_or_create(name="bench-a"), tenant_get_or_create(name="bench-b")
     heavy, light = tenant_get_or_create(name="bench-heavy"), tenant_get_or_create(name="bench-light")
     Tenant.objects.filter(pk=heavy.pk).update(weight=3)

@@ -17,6 +17,7 @@ from typing import IO, BinaryIO
 
 import orjson
 
+from gpuworkers.engines.request_params import PLATFORM_FIELDS
 from tasks.formats.id_hashes import IdHashes
 from tasks.formats.records import LineProblem, Record, input_problem
 
@@ -53,7 +54,8 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
     """One line as a record, or what is wrong with it.
 
     A line of an OpenAI batch request file (`{"custom_id", "method", "url", "body": {...}}`) whose
-    input field is only inside `body` becomes the record `{custom_id, <input field>}`.
+    input field is only inside `body` becomes the record `{custom_id, <input field>}`. A native record may
+    carry ``params`` of its own, a JSON object over the job's params for that record alone.
     """
     if raw is None:
         return LineProblem(line_no, f"line is longer than {MAX_LINE_BYTES} bytes")
@@ -75,8 +77,23 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
         data = {input_field: body[input_field]}
     if (problem := input_problem(input_field, data[input_field])) is not None:
         return LineProblem(line_no, problem)
+    if (problem := _record_params_problem(data.get("params"))) is not None:
+        return LineProblem(line_no, problem)
     data["custom_id"] = custom_id
     return Record(line=line_no, custom_id=custom_id, data=data)
+
+
+def _record_params_problem(params: object) -> str | None:
+    """What is wrong with a record's own ``params``, if anything; the engine judges the fields when it runs."""
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        return f"params must be a JSON object, got {type(params).__name__}"
+    platform = sorted(PLATFORM_FIELDS & params.keys())
+    if platform:
+        # Shards are cut and timed by the job's params; one record cannot change them.
+        return f"params.{platform[0]} applies to the whole job and cannot be set on one record"
+    return None
 
 
 def parse_jsonl(stream: BinaryIO, *, input_field: str) -> Iterator[Record | LineProblem]:

@@ -91,9 +91,29 @@ def test_params_may_nest_to_the_limit_and_no_deeper(
     error = _assert_refused(_post_json(alice, body, tmp_path), "params")
     assert error["message"] == f"params is nested deeper than {MAX_PARAMS_DEPTH} levels"
 
-    at_limit = f'{{"model": "{minilm.name}", "input_uri": "{uri}", "params": {_nested(MAX_PARAMS_DEPTH)}}}'
+    # User code reads whatever params it likes, so only the depth limit stands between it and these.
+    user_code = ModelFactory(
+        name="nesting-echo",
+        engine=Model.Engine.PYTHON,
+        task=Model.Task.EMBED,
+        source="tests.support.chaos_engines:echo_factory",
+        is_default=False,
+    )
+    at_limit = f'{{"model": "{user_code.name}", "input_uri": "{uri}", "params": {_nested(MAX_PARAMS_DEPTH)}}}'
     response = _post_json(alice, at_limit, tmp_path)
     assert response.status_code == 201, response.json()
+
+
+def test_a_param_the_models_engine_cannot_honour_is_a_400_naming_it(
+    caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path], tmp_path: Path
+) -> None:
+    alice = caller("acme")
+    uri = write_jsonl(RECORDS).as_uri()
+    body = json.dumps({"model": minilm.name, "input_uri": uri, "params": {"temperature": 0.5}})
+
+    error = _assert_refused(_post_json(alice, body, tmp_path), "params")
+
+    assert error["message"].startswith("params.temperature is not a parameter the sentence_transformers engine")
 
 
 def test_params_over_the_size_limit_are_a_400_naming_params(

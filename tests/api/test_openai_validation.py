@@ -81,7 +81,7 @@ def test_an_unknown_model_or_endpoint_or_window_is_a_400_naming_the_field(
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "body.model" and "gpt-17" in response.json()["error"]["message"]
     good = _upload(alice, [_request(0)]).json()["id"]
-    assert _create(alice, good, endpoint="/v1/moderations").json()["error"]["param"] == "endpoint"
+    assert _create(alice, good, endpoint="/v1/images/generations").json()["error"]["param"] == "endpoint"
     wrong_task = _create(alice, good, endpoint="/v1/chat/completions")
     assert wrong_task.status_code == 200 and wrong_task.json()["errors"]["data"][0]["code"] == "invalid_url"
     window = alice.client.post(

@@ -4,8 +4,6 @@ prefix of the final output that each later download extends; the portal and the 
 from __future__ import annotations
 
 import random
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,15 +15,12 @@ import pytest
 from django.test import Client
 
 from portal.batches.models import Batch, File
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.partial import job_partial_output
-from portal.jobs.services.settle import shard_record_failure, shard_record_success
 from portal.tenancy.models import Tenant
-from tasks.specs import ShardManifest, commit_uri
-from tasks.storage import store_for
 from tests.api.conftest import Caller
-from tests.factories import ModelFactory
+from tests.support.jobs import CommittedLayout, committed_job, committed_settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,88 +28,17 @@ SHARDS = 20
 RECORDS = 5
 FAILED_SHARD = 7
 """This shard fails for good: the final output holds a `shard_failed` error line for each of its records."""
-
-
-def _line(row: dict[str, Any]) -> bytes:
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+LAYOUT = CommittedLayout(shards=SHARDS, records=RECORDS, failed_shard=FAILED_SHARD, seed=15)
 
 
 def _running_job(root: Path, tenant: Tenant, *, output_format: str = "jsonl") -> Job:
     """A running 20-shard job whose workers have all committed (one shard failed), none yet settled."""
-    job = Job.objects.create(
-        tenant=tenant,
-        model=ModelFactory(name="partial-embed", is_default=False),
-        status=JobStatus.RUNNING,
-        input_uri="file:///x.jsonl",
-        output_uri=(root / "output.jsonl").as_uri(),
-        errors_uri=(root / "errors.jsonl").as_uri(),
-        output_format=output_format,
-        shard_size=RECORDS,
-        total_records=SHARDS * RECORDS,
-        shard_count=SHARDS,
-    )
-    rng = random.Random(15)
-    for index in range(SHARDS):
-        prefix = root / "shards" / f"{index:05d}"
-        prefix.mkdir(parents=True)
-        ids = [f"r{index * RECORDS + n}" for n in range(RECORDS)]
-        (prefix / "input.jsonl").write_bytes(b"".join(_line({"custom_id": i, "input": "x"}) for i in ids))
-        shard = Shard.objects.create(
-            job=job,
-            index=index,
-            first_record=index * RECORDS,
-            record_count=RECORDS,
-            input_uri=(prefix / "input.jsonl").as_uri(),
-            prefix_uri=prefix.as_uri(),
-            status=ShardStatus.DISPATCHED,
-        )
-        if index != FAILED_SHARD:
-            _commit(shard, ids, rng)
-    return job
-
-
-def _commit(shard: Shard, ids: list[str], rng: random.Random) -> None:
-    """What a worker's attempt leaves: its output and error lines under its own keys, then the commit marker."""
-    prefix = Path(shard.prefix_uri.removeprefix("file://"))
-    attempt = uuid.uuid4().hex
-    lines = [
-        _line({"custom_id": i, "error": {"code": "bad_input", "message": "too long"}})
-        if rng.random() < 0.2
-        else _line({"custom_id": i, "response": {"embedding": [rng.uniform(-1, 1) for _ in range(4)]}})
-        for i in ids
-    ]
-    errors = [line for line in lines if b'"error"' in line]
-    (prefix / f"{attempt}.out.jsonl").write_bytes(b"".join(lines))
-    (prefix / f"{attempt}.errors.jsonl").write_bytes(b"".join(errors))
-    manifest = ShardManifest(
-        job_id=str(shard.job_id),
-        shard_index=shard.index,
-        attempt_id=attempt,
-        worker="w@test",
-        pid=1,
-        output_uri=(prefix / f"{attempt}.out.jsonl").as_uri(),
-        errors_uri=(prefix / f"{attempt}.errors.jsonl").as_uri(),
-        records=len(ids),
-        succeeded=len(ids) - len(errors),
-        failed=len(errors),
-        started_at=time.time(),
-        finished_at=time.time(),
-        compute_seconds=0.1,
-        load_seconds=0.0,
-        cache_hit=True,
-        model_loads=0,
-    )
-    uri = commit_uri(shard.prefix_uri)
-    store_for(uri).put_if_absent(uri, orjson.dumps(manifest.to_dict()))
+    return committed_job(root, LAYOUT, tenant=tenant, output_format=output_format)
 
 
 def _settle(shard: Shard) -> None:
     """What settling records for the shard as its task ends, and the merge's stitching ahead after it."""
-    if shard.index == FAILED_SHARD:
-        shard_record_failure(shard, reason="RuntimeError: the engine crashed")
-    else:
-        raw = store_for(commit_uri(shard.prefix_uri)).read_bytes(commit_uri(shard.prefix_uri))
-        shard_record_success(shard, ShardManifest.from_dict(orjson.loads(raw)))
+    committed_settle(shard, LAYOUT)
     job_merge_advance(job_id=str(shard.job_id))
 
 

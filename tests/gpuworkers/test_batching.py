@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuworkers import batching
-from gpuworkers.batching import OUT_OF_MEMORY, RecordResult, run_records
+from gpuworkers.batching import OUT_OF_MEMORY, Item, RecordResult, run_records
 from gpuworkers.faults import StickyDeviceError
 
 
@@ -118,6 +118,61 @@ def test_params_reach_the_engine() -> None:
     list(run_records(ParamsEngine(), items_of("a"), params={"normalize": True}, micro_batch_size=1))
 
     assert seen == [{"normalize": True}]
+
+
+class ParamsEchoEngine(EchoEngine):
+    """Echoes each input with the params of the call that ran it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[list[Any], dict[str, Any]]] = []
+
+    def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        self.calls.append((list(inputs), dict(params)))
+        return [{"echo": value, "params": dict(params)} for value in inputs]
+
+
+def test_records_with_their_own_params_run_in_one_call_per_set_of_params_in_input_order() -> None:
+    engine = ParamsEchoEngine()
+    items = [
+        Item("1", "a"),
+        Item("2", "b", {"max_tokens": 9}),
+        Item("3", "c"),
+        Item("4", "d", {"max_tokens": 9}),
+        Item("5", "e", {"temperature": None}),  # a null falls back to the engine's default
+    ]
+
+    results = list(run_records(engine, items, params={"max_tokens": 4, "temperature": 0.5}, micro_batch_size=8))
+
+    assert [(result.custom_id, result.response) for result in results] == [
+        ("1", {"echo": "a", "params": {"max_tokens": 4, "temperature": 0.5}}),
+        ("2", {"echo": "b", "params": {"max_tokens": 9, "temperature": 0.5}}),
+        ("3", {"echo": "c", "params": {"max_tokens": 4, "temperature": 0.5}}),
+        ("4", {"echo": "d", "params": {"max_tokens": 9, "temperature": 0.5}}),
+        ("5", {"echo": "e", "params": {"max_tokens": 4}}),
+    ]
+    assert sorted(inputs for inputs, _ in engine.calls) == [["a", "c"], ["b", "d"], ["e"]]
+
+
+def test_an_engine_that_takes_params_per_input_gets_the_micro_batch_in_one_call() -> None:
+    class PerRequestEngine(ParamsEchoEngine):
+        def run_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+            self.calls.append((list(inputs), {"each": [dict(own) for own in params]}))
+            return [{"echo": value} for value in inputs]
+
+    engine = PerRequestEngine()
+
+    list(run_records(engine, [Item("1", "a"), Item("2", "b", {"n": 2})], params={"n": 1}, micro_batch_size=8))
+
+    assert engine.calls == [(["a", "b"], {"each": [{"n": 1}, {"n": 2}]})]
+
+
+def test_a_micro_batch_without_own_params_is_one_plain_call() -> None:
+    engine = ParamsEchoEngine()
+
+    list(run_records(engine, [Item("1", "a"), Item("2", "b", {})], params={"n": 1}, micro_batch_size=8))
+
+    assert engine.calls == [(["a", "b"], {"n": 1})]
 
 
 def test_progress_is_reported_after_each_micro_batch_with_running_totals() -> None:
@@ -393,3 +448,51 @@ def test_a_sticky_device_error_during_out_of_memory_splitting_still_raises() -> 
 
     with pytest.raises(StickyDeviceError, match="device-side assert"):
         list(run_records(HungryThenSticky(fits=2), items_of("a", "b", "c", "sticky"), params={}, micro_batch_size=4))
+
+
+class LengthLimitedEngine(EchoEngine):
+    """Echoes texts of at most ``limit`` characters; a longer one is too long unless truncated."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.measured: list[list[Any]] = []
+
+    def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
+        self.measured.append(list(inputs))
+        return [f"{len(text)} characters, over {self.limit}" if len(text) > self.limit else None for text in inputs]
+
+
+def test_a_record_over_the_models_limit_gets_input_too_long_and_the_others_run_in_one_call() -> None:
+    engine = LengthLimitedEngine(limit=5)
+    items = [Item("a", "short"), Item("b", "far too long"), Item("c", "tiny")]
+
+    results = list(run_records(engine, items, params={}, micro_batch_size=8))
+
+    assert [result.custom_id for result in results] == ["a", "b", "c"]
+    assert results[1] == RecordResult("b", None, {"code": batching.INPUT_TOO_LONG, "message": "12 characters, over 5"})
+    assert [result.response for result in (results[0], results[2])] == [{"echo": "short"}, {"echo": "tiny"}]
+    # Measured once, then one engine call for the records that fit: no bisection over the long one.
+    assert engine.measured == [["short", "far too long", "tiny"]]
+    assert engine.batches == [["short", "tiny"]]
+
+
+def test_truncate_in_the_job_or_a_records_params_lets_a_long_record_run() -> None:
+    engine = LengthLimitedEngine(limit=5)
+    items = [Item("a", "far too long", {"truncate": True}), Item("b", "also too long")]
+
+    own = list(run_records(engine, items, params={}, micro_batch_size=8))
+    whole_job = list(run_records(engine, [Item("c", "long for sure")], params={"truncate": True}, micro_batch_size=8))
+
+    assert own[0].response == {"echo": "far too long"} and own[1].error is not None
+    assert own[1].error["code"] == batching.INPUT_TOO_LONG
+    assert whole_job[0].response == {"echo": "long for sure"}
+
+
+def test_a_micro_batch_of_only_long_records_calls_the_engine_not_at_all() -> None:
+    engine = LengthLimitedEngine(limit=1)
+
+    results = list(run_records(engine, [Item("a", "xx"), Item("b", "yy")], params={}, micro_batch_size=8))
+
+    assert [result.error["code"] for result in results if result.error] == [batching.INPUT_TOO_LONG] * 2
+    assert engine.batches == []

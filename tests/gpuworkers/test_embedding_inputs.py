@@ -102,3 +102,18 @@ def test_a_bad_text_in_a_list_fails_its_record_alone(minilm: SentenceTransformer
     assert results[1].error == {"code": "engine_error", "message": "ValueError: the input is an empty string"}
     assert results[0].response is not None and results[2].response is not None
     assert len(results[2].response["embeddings"]) == 2
+
+
+def test_a_record_of_texts_is_too_long_when_one_of_them_is_naming_which(minilm: SentenceTransformersEngine) -> None:
+    long_text = "word " * 300
+    records = [["fine", long_text], long_text, ["fine", "also fine"]]
+
+    wrapped = EmbeddingInputs(minilm)
+    messages = wrapped.too_long(records, {})
+
+    assert messages[0] is not None and messages[0].startswith("text 1 of the list: the input has 302 tokens")
+    assert messages[1] is not None and messages[1].startswith("the input has 302 tokens")
+    assert messages[2] is None
+    results = list(run_records(wrapped, [("a", records[0]), ("b", records[2])], params={}, micro_batch_size=4))
+    assert results[0].error is not None and results[0].error["code"] == "input_too_long"
+    assert results[1].response is not None and len(results[1].response["embeddings"]) == 2

@@ -165,3 +165,11 @@ def test_a_directory_without_a_model_is_a_load_error(tmp_path: object) -> None:
 
     with pytest.raises(EngineLoadError, match="cannot load 'all-MiniLM-L6-v2'"):
         engine.load(device="cpu")
+
+
+def test_a_text_over_the_models_length_is_measured_as_too_long(engine: SentenceTransformersEngine) -> None:
+    short, long = engine.too_long(["hello world", "word " * 1000], {})
+
+    assert short is None
+    # 1000 words and [CLS], [SEP]: the model reads 256 tokens at most.
+    assert long is not None and long.startswith("the input has 1002 tokens; the model takes at most 256")

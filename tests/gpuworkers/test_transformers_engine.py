@@ -173,7 +173,7 @@ def test_sampling_with_a_seed_is_repeatable(engine: TransformersEngine) -> None:
         ("", {}, "the prompt is empty"),
         ("x" * 120, {"max_tokens": 16}, "the prompt has 120 tokens; with max_tokens=16 it exceeds"),
         ("fine", {"max_tokens": 0}, "max_tokens must be a positive integer"),
-        ("fine", {"temperature": -1}, "temperature must be 0 or more"),
+        ("fine", {"temperature": -1}, "temperature must be in \\[0, 2\\]"),
         ("fine", {"stop": [""]}, "stop must be a non-empty string"),
         ("fine", {"stop": 5}, "stop must be a non-empty string"),
     ],
@@ -313,3 +313,20 @@ def test_a_tokenizer_without_a_chat_template_is_a_load_error_for_chat_only(model
         for_chat.load(device="cpu")
     for_generate.load(device="cpu")
     assert for_generate.run_batch(["Hello"], {"max_tokens": 2})[0]["usage"]["prompt_tokens"] == 5
+
+
+def test_a_prompt_that_overflows_the_context_is_too_long_unless_truncated_to_its_last_tokens(
+    engine: TransformersEngine,
+) -> None:
+    # The tiny model's context is 128 tokens of one character each.
+    long_prompt, fitting = "a" * 100 + "The end of a long prompt", "Short"
+
+    assert engine.too_long([long_prompt, fitting], {"max_tokens": 10}) == [
+        "the prompt has 124 tokens; with max_tokens=10 it exceeds the model's context of 128 tokens "
+        "(truncate: true keeps the prompt's last tokens instead)",
+        None,
+    ]
+    [truncated] = engine.run_batch([long_prompt], {"max_tokens": 10, "truncate": True})
+    [its_end] = engine.run_batch([long_prompt[-118:]], {"max_tokens": 10})
+    assert truncated == its_end
+    assert truncated["usage"]["prompt_tokens"] == 118

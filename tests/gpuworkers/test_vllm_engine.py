@@ -8,6 +8,7 @@ vLLM runs only on CUDA GPUs, so most of this file feeds the engine's pure functi
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from gpuworkers.engines import EngineLoadError, create_engine
+from gpuworkers.engines.sampling import sampling_kwargs
 from gpuworkers.engines.vllm import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     VllmEngine,
@@ -26,7 +28,6 @@ from gpuworkers.engines.vllm import (
     embed_runner_kwargs,
     embedding_response,
     engine_kwargs,
-    sampling_kwargs,
     tensor_parallel_size,
 )
 from gpuworkers.spec import ModelSpec
@@ -331,13 +332,34 @@ class FakeLLM:
         self.calls.append(("generate", prompts, sampling_params))
         return [RequestOutput(list(range(len(p))), [CompletionOutput(0, p.upper(), [1, 2])]) for p in prompts]
 
-    def chat(self, messages: list[Any], sampling_params: Any = None, use_tqdm: bool = True) -> list[Any]:
-        self.calls.append(("chat", messages, sampling_params))
+    def chat(
+        self, messages: list[Any], sampling_params: Any = None, use_tqdm: bool = True, tools: Any = None
+    ) -> list[Any]:
+        self.calls.append(
+            ("chat", messages, sampling_params) if tools is None else ("chat", messages, sampling_params, tools)
+        )
         return [RequestOutput([1] * len(m), [CompletionOutput(0, m[-1]["content"], [3])]) for m in messages]
 
     def embed(self, prompts: list[str], *, use_tqdm: bool = True) -> list[Any]:
         self.calls.append(("embed", prompts, None))
         return [EmbeddingRequestOutput([1] * len(p), EmbeddingOutput([float(len(p))])) for p in prompts]
+
+    @property
+    def llm_engine(self) -> Any:
+        return types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=self.kwargs.get("max_model_len")))
+
+    def get_tokenizer(self) -> FakeTokenizer:
+        return FakeTokenizer()
+
+
+class FakeTokenizer:
+    """One token a character, plus a start token; a chat renders as its contents joined by newlines."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [0] * (len(text) + add_special_tokens)}
+
+    def apply_chat_template(self, messages: list[Any], *, add_generation_prompt: bool, tokenize: bool) -> str:
+        return "\n".join(message["content"] for message in messages) + "\n"
 
 
 @dataclass
@@ -350,6 +372,9 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM  # type: ignore[attr-defined]
     module.SamplingParams = lambda **kwargs: FakeSamplingParams(kwargs)  # type: ignore[attr-defined]
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.StructuredOutputsParams = lambda **kwargs: ("structured", kwargs)  # type: ignore[attr-defined]
+    module.sampling_params = sampling  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     FakeLLM.instances.clear()
@@ -437,13 +462,46 @@ def test_a_micro_batch_of_prompts_goes_to_vllm_in_one_generate_call(
     responses = engine.run_batch(["ab", "c", "def"], {"max_tokens": 4, "temperature": 0, "model": "ignored"})
 
     assert [call[:2] for call in llm.calls] == [("generate", ["ab", "c", "def"])]
-    assert llm.calls[0][2] == FakeSamplingParams({"max_tokens": 4, "temperature": 0.0})
+    assert llm.calls[0][2] == [FakeSamplingParams({"max_tokens": 4, "temperature": 0.0})] * 3
     assert [response["text"] for response in responses] == ["AB", "C", "DEF"]
     assert [response["usage"] for response in responses] == [
         {"prompt_tokens": 2, "completion_tokens": 2},
         {"prompt_tokens": 1, "completion_tokens": 2},
         {"prompt_tokens": 3, "completion_tokens": 2},
     ]
+
+
+def test_prompts_with_their_own_params_share_one_generate_call(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    engine, llm = loaded(vllm_spec(tmp_path))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = [
+        {"max_tokens": 4, "temperature": 0},
+        {"max_tokens": 9, "temperature": 0.7, "seed": 3},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}},
+        {"response_format": {"type": "json_object"}},
+    ]
+
+    engine.run_requests(["a", "b", "c", "d"], params)
+
+    [(kind, prompts, sampling)] = llm.calls
+    assert (kind, prompts) == ("generate", ["a", "b", "c", "d"])
+    assert sampling == [
+        FakeSamplingParams({"max_tokens": 4, "temperature": 0.0}),
+        FakeSamplingParams({"max_tokens": 9, "temperature": 0.7, "seed": 3}),
+        FakeSamplingParams({"structured_outputs": ("structured", {"json": schema})}),
+        FakeSamplingParams({"structured_outputs": ("structured", {"json_object": True})}),
+    ]
+
+
+def test_an_older_vllm_gets_structured_output_as_guided_decoding(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    legacy = types.ModuleType("vllm.sampling_params")
+    legacy.GuidedDecodingParams = lambda **kwargs: ("guided", kwargs)  # type: ignore[attr-defined]
+    fake_vllm.sampling_params = legacy  # type: ignore[attr-defined]
+    engine, llm = loaded(vllm_spec(tmp_path, task="chat"))
+
+    engine.run_batch([[{"role": "user", "content": "hi"}]], {"response_format": {"type": "json_object"}})
+
+    assert llm.calls[0][2] == [FakeSamplingParams({"guided_decoding": ("guided", {"json_object": True})})]
 
 
 def test_a_micro_batch_of_conversations_goes_to_vllm_in_one_chat_call(
@@ -619,6 +677,62 @@ class TestChatOnAGpu:
         # The template renders "role: content\n" per message.
         assert [response["usage"]["prompt_tokens"] for response in responses] == [len("user: Hi\n"), 28]
 
+    def test_each_reply_held_to_its_own_json_schema_parses_and_validates(self, engine: VllmEngine) -> None:
+        import jsonschema
+
+        schemas = [
+            {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}},
+                "required": ["ok", "tag"],
+            },
+        ]
+        params = [
+            {
+                "max_tokens": 60,
+                "temperature": 0.8,
+                "seed": n,
+                "response_format": {"type": "json_schema", "json_schema": {"name": f"s{n}", "schema": schema}},
+            }
+            for n, schema in enumerate(schemas)
+        ] + [{"max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}]
+        conversations = [[{"role": "user", "content": f"Answer {n}"}] for n in range(len(params))]
+
+        responses = engine.run_requests(conversations, params)
+
+        for schema, response in zip(schemas, responses, strict=False):
+            jsonschema.validate(json.loads(response["text"]), schema)
+        assert isinstance(json.loads(responses[2]["text"]), dict)
+
+    def test_required_tool_calls_come_back_as_calls_of_the_tools(self, engine: VllmEngine) -> None:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 8}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ]
+        params = {
+            "tools": tools,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 60,
+            "temperature": 0,
+        }
+
+        [response] = engine.run_batch([[{"role": "user", "content": "Weather?"}]], params)
+
+        assert response["finish_reason"] == "tool_calls"
+        [call] = response["tool_calls"]
+        assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+
 
 class TestEmbedOnAGpu:
     @pytest.fixture(scope="class")
@@ -632,3 +746,55 @@ class TestEmbedOnAGpu:
 
         assert [response["embedding"].shape for response in responses] == [(32,), (32,)]
         assert [response["usage"]["prompt_tokens"] for response in responses] == [5, 13]
+
+
+@pytest.mark.parametrize(
+    ("task", "inputs", "expected"),
+    [
+        ("generate", ["x" * 11, "x" * 12], [None, "the prompt has 13 tokens; with max_tokens=8 it exceeds"]),
+        ("chat", [[{"role": "user", "content": "y" * 12}]], ["the prompt has 13 tokens; with max_tokens=8 it exceeds"]),
+        ("embed", ["z" * 19, "z" * 20], [None, "the input has 21 tokens; the model takes at most 20"]),
+    ],
+)
+def test_an_input_over_max_model_len_is_measured_as_too_long(
+    fake_vllm: types.ModuleType, tmp_path: Path, task: str, inputs: list[Any], expected: list[str | None]
+) -> None:
+    engine, _ = loaded(vllm_spec(tmp_path, task=task, load_params={"max_model_len": 20}))
+
+    measured = engine.too_long(inputs, {"max_tokens": 8})
+
+    assert len(measured) == len(expected)
+    for message, want in zip(measured, expected, strict=True):
+        assert message == want if want is None else message is not None and message.startswith(want)
+
+
+def test_tool_calls_are_decoded_to_the_tools_schema_and_read_back_with_one_chat_call_per_tool_list(
+    fake_vllm: types.ModuleType, tmp_path: Path
+) -> None:
+    engine, llm = loaded(vllm_spec(tmp_path, task="chat"))
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    other = {"type": "function", "function": {"name": "other"}}
+    # The fake answers each conversation with its last message, so these are the replies decoding gave.
+    call = json.dumps([{"name": "get_weather", "parameters": {"city": "Oslo"}}])
+    conversations = [
+        [{"role": "user", "content": call}],
+        [{"role": "user", "content": "plain"}],
+        [{"role": "user", "content": '{"x": 1}'}],
+    ]
+    params = [
+        {"tools": [weather], "tool_choice": "required"},
+        {"max_tokens": 5},
+        {"tools": [other], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+    ]
+
+    first, plain, named = engine.run_requests(conversations, params)
+
+    assert first["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    assert (first["finish_reason"], first["text"]) == ("tool_calls", "")
+    assert plain["text"] == "plain" and "tool_calls" not in plain
+    assert named["tool_calls"] == [{"name": "other", "arguments": '{"x": 1}'}]
+    tools_by_call = [entry[3] if len(entry) > 3 else None for entry in llm.calls]
+    assert sorted(map(str, tools_by_call)) == sorted(map(str, [[weather], None, [other]]))
+    [required] = [entry[2][0] for entry in llm.calls if len(entry) > 3 and entry[3] == [weather]]
+    schema = required.kwargs["structured_outputs"][1]["json"]
+    assert schema["type"] == "array" and schema["items"]["anyOf"][0]["properties"]["name"]["enum"] == ["get_weather"]

@@ -51,6 +51,11 @@ def stack_env(moto_url: str, tmp_path: Path) -> dict[str, str]:
         "BATCHERY_MODEL_CACHE_DIR": str(tmp_path / "model-cache"),
         "BATCHERY_MODEL_DOWNLOAD_PART_BYTES": str(PART_BYTES),
         "BATCHERY_TORCH_THREADS": "1",
+        # Two cold slots importing torch and loading the model at once on two cores can pass the chaos
+        # stack's 20 s shard limit; a load cut there and retried would count a second cache hit. No worker
+        # dies here, so the longer visibility timeout that the longer limit needs delays nothing.
+        "BATCHERY_SHARD_TIME_LIMIT_S": "120",
+        "BATCHERY_VISIBILITY_TIMEOUT_S": "180",
     }
 
 

@@ -17,7 +17,13 @@ from django.utils import timezone
 from portal.catalog.models import ModelThroughput
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services import scheduler
-from portal.jobs.services.finished_inbox import DRAIN_LOCK_KEY, INBOX_KEY, drain, shard_finished_report
+from portal.jobs.services.finished_inbox import (
+    DRAIN_LOCK_KEY,
+    INBOX_KEY,
+    BatchNotSettled,
+    drain,
+    shard_finished_report,
+)
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
 from portal.ops.bench_reconcile import write_commit
@@ -330,6 +336,12 @@ def test_endings_that_arrive_while_a_batch_is_settled_are_settled_next_in_one_ti
     assert client.llen(INBOX_KEY.format(queue=queue)) == 0
 
 
+def _database_down(endings: Any) -> None:
+    from django.db import OperationalError
+
+    raise OperationalError("the database is down")
+
+
 def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -341,19 +353,68 @@ def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
     inbox = INBOX_KEY.format(queue=queue)
     client = redis_client()
 
-    def database_down(endings: Any) -> None:
-        raise OperationalError("the database restarts")
-
-    monkeypatch.setattr(finished_inbox, "shards_finished", database_down)
+    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
     try:
         client.rpush(inbox, b"job-a:3", b"job-b:1")
-        with pytest.raises(OperationalError):
+        with pytest.raises(BatchNotSettled) as raised:
             shard_finished_report(job_id="job-a", shard_index=4, queue=queue)
 
+        assert raised.value.transient and isinstance(raised.value.__cause__, OperationalError)
         assert client.lrange(inbox, 0, -1) == [b"job-a:3", b"job-b:1", b"job-a:4"]
         assert client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=5).acquire(blocking=False)
     finally:
         client.delete(inbox, DRAIN_LOCK_KEY.format(queue=queue))
+
+
+def test_a_batch_that_fails_for_good_fails_none_of_the_jobs_whose_endings_it_held(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from portal.jobs.services import finished_inbox
+    from tasks.shard_done import shard_done
+
+    queue = gpu_queue(gpu_class.name)
+    inbox = INBOX_KEY.format(queue=queue)
+    client = redis_client()
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    named = _running_job(TenantFactory(name="named"), model, tmp_path, shards=1)
+    other = _running_job(TenantFactory(name="other"), model, tmp_path, shards=1)
+    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(shard_done, "max_retries", 0)  # its retries are spent
+    try:
+        client.rpush(inbox, f"{other.pk}:0")
+        result = shard_done.apply(args=(str(named.pk), 0, queue))
+
+        assert result.failed() and isinstance(result.result, BatchNotSettled)
+        assert client.llen(inbox) == 2, "the endings wait for the next drain"
+    finally:
+        client.delete(inbox, DRAIN_LOCK_KEY.format(queue=queue))
+    named.refresh_from_db()
+    other.refresh_from_db()
+    assert (named.status, other.status) == (JobStatus.RUNNING, JobStatus.RUNNING), "left to the reconciler"
+
+
+def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_spent(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+
+    from portal.jobs.services import finished_inbox
+    from tasks.shard_done import shard_done
+
+    class RedisDown:
+        def rpush(self, *args: Any) -> None:
+            raise redis.ConnectionError("Redis is down")
+
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=1)
+    monkeypatch.setattr(finished_inbox, "redis_client", RedisDown)
+    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(shard_done, "max_retries", 0)
+
+    assert shard_done.apply(args=(str(job.pk), 0, gpu_queue(gpu_class.name))).failed()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED, "its own ending, settled alone: the failure is the job's"
 
 
 def test_short_shards_get_more_places_a_slot_up_to_a_second_of_work_and_a_cap(settings: Any) -> None:

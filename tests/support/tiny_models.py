@@ -56,3 +56,37 @@ def build_tiny_causal_lm(directory: Path) -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def build_tiny_classifier(directory: Path, labels: list[str], *, max_positions: int = 64) -> Path:
+    """Save a randomly initialised (seeded) two-layer multi-label BERT classifier over ``labels``, and a
+    tokenizer of one token per printable ASCII character, into ``directory``."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1}
+    for code in range(32, 127):
+        vocab[chr(code)] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
+    backend.add_special_tokens(["[PAD]", "[UNK]"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]")
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+        pad_token_id=0,
+        id2label=dict(enumerate(labels)),
+        label2id={label: index for index, label in enumerate(labels)},
+        problem_type="multi_label_classification",
+        initializer_range=0.5,
+    )
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -120,3 +120,20 @@ def test_an_openai_request_body_with_the_wrong_input_type_is_named_too() -> None
     line = {"custom_id": "r1", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": {"x": 1}}}
     check = check_jsonl(lambda: _stream([json.dumps(line)]), input_field="input")
     assert [str(problem) for problem in check.problems] == ["line 1: input must be a string, not an object"]
+
+
+def test_a_record_keeps_its_own_params_and_bad_ones_are_named_with_their_line() -> None:
+    lines = [
+        json.dumps({"custom_id": "a", "input": "x", "params": {"temperature": 0.2, "seed": 7}}),
+        json.dumps({"custom_id": "b", "input": "y", "params": [0.2]}),
+        json.dumps({"custom_id": "c", "input": "z", "params": {"micro_batch_size": 4}}),
+    ]
+    check = JsonlCheck()
+    records = list(iter_jsonl(_stream(lines), input_field="input", check=check))
+    assert [record.data for record in records] == [
+        {"custom_id": "a", "input": "x", "params": {"temperature": 0.2, "seed": 7}}
+    ]
+    assert [str(problem) for problem in check.problems] == [
+        "line 2: params must be a JSON object, got list",
+        "line 3: params.micro_batch_size applies to the whole job and cannot be set on one record",
+    ]

@@ -8,9 +8,6 @@ import shutil
 import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -20,32 +17,10 @@ from botocore.exceptions import ClientError
 from portal.ops.embedded import free_port
 from tasks.storage import S3Store, StorageError, TransientStorageError, s3, store_for
 from tasks.storage.s3 import MIN_PART_BYTES, _storage_error, parse_s3_uri
-from tests.support.moto_server import running_moto_server
 
 pytestmark = pytest.mark.timeout(120)
 
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    with running_moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def s3_env(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    """Credentials and endpoint as a deployment would set them, isolated from the machine's AWS setup."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    monkeypatch.setenv("BATCHERY_S3_PART_BYTES", str(MIN_PART_BYTES))
-    return moto_url
 
 
 @pytest.fixture
@@ -58,13 +33,6 @@ def store(s3_env: str) -> S3Store:
 def admin(s3_env: str) -> Any:
     """A plain boto3 client to set up buckets and look behind the store's back."""
     return boto3.client("s3", endpoint_url=s3_env)
-
-
-@pytest.fixture
-def bucket(admin: Any) -> str:
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    admin.create_bucket(Bucket=name)
-    return name
 
 
 def _etag(admin: Any, bucket: str, key: str) -> str:

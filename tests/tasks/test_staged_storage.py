@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
-from tasks.storage import S3Store, registry
+from tasks.storage import registry
 from tasks.storage.s3 import MIN_PART_BYTES
 from tasks.storage.staged import StagedLost, StagedState, staged_append, staged_discard, staged_publish
-from tests.support.moto_server import running_moto_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,29 +55,6 @@ def test_a_staged_file_that_is_gone_is_reported_lost_and_a_discarded_one_leaves_
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(StagedLost):
         staged_publish(uri, state, _bytes(b"b\n"))
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    with running_moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def bucket(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    # A store built from this environment, as the registry's would be in a fresh process.
-    monkeypatch.setattr(registry, "_S3", S3Store())
-    name = f"staged-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_url).create_bucket(Bucket=name)
-    return name
 
 
 def test_s3_stages_parts_of_at_least_5_mib_and_shows_the_object_only_when_published(bucket: str) -> None:

@@ -1,9 +1,11 @@
-"""`/v1/batches`: a batch is checked and converted into a Batchery job, cancelled through it, and
-finalized into OpenAI's output and error files once the job has ended."""
+"""`/v1/batches`: a batch is checked and converted into a Batchery job (a large input file by a control
+task, `validation.py`), cancelled through it, and finalized into OpenAI's output and error files once
+the job has ended."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 from collections.abc import Mapping
@@ -15,25 +17,33 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from portal.audit.services import audit_record
 from portal.batches.formats import (
-    DimensionsCheck,
     UnsupportedEndpoint,
     convert_outputs,
-    convert_requests,
     endpoint_for,
     problems_to_openai_errors,
+    system_fingerprint,
 )
 from portal.batches.models import Batch, File
+from portal.batches.selectors import batch_status
 from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
-from portal.catalog.models import Model
-from portal.catalog.selectors import newest_enabled_model
+from portal.batches.services.validation import (
+    VALIDATING,
+    batch_input_convert,
+    batch_job_submit,
+    batch_prefix,
+    submission_param,
+    validation_task_id,
+)
 from portal.jobs.models import Job
 from portal.jobs.services.stop import job_cancel
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.services.submit import QuotaExceeded, SubmissionError
 from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
-from tasks.formats.jsonl import MAX_LINE_BYTES
 from tasks.storage import join_uri, store_for
+
+logger = logging.getLogger(__name__)
 
 WINDOW_PATTERN = re.compile(r"^([1-9][0-9]{0,2})h$")
 MAX_WINDOW_HOURS = 168
@@ -47,10 +57,6 @@ class BatchRefused(Exception):
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message)
         self.param = param
-
-
-def _batch_prefix(batch_id: str) -> str:
-    return join_uri(settings.BATCHERY_STORAGE_URL, "batches", batch_id)
 
 
 def _window_seconds(window: str) -> int:
@@ -80,20 +86,6 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
     return dict(metadata)
 
 
-def _catalog_dimensions_problem() -> DimensionsCheck:
-    """`convert_requests`' judge of ``dimensions``: the catalog entry the request's model names, looked up once."""
-    models: dict[str, Model | None] = {}
-
-    def problem(name: str, dimensions: Any) -> str | None:
-        if name not in models:
-            models[name] = newest_enabled_model(name)
-        model = models[name]
-        # No such model: the submission refuses the batch naming body.model.
-        return None if model is None else model.dimensions_problem(dimensions)
-
-    return problem
-
-
 def batch_create(
     *,
     tenant: Tenant,
@@ -104,13 +96,17 @@ def batch_create(
     metadata: Any = None,
     output_expires_after: Mapping[str, Any] | None = None,
 ) -> Batch:
-    """Check the input file and start its job; a file with bad lines gives a batch that has `failed`.
-    Its output and error files expire as `output_expires_after` (OpenAI's policy) says.
+    """Check the request and start validating the input file. A file up to
+    `BATCHERY_BATCH_SYNC_VALIDATION_BYTES` is validated here: its job is started, or a file with bad
+    lines gives a batch that has `failed`. A larger one gives a batch that reads `validating` while the
+    control task `batchery.validate_batch` validates it. Its output and error files expire as
+    `output_expires_after` (OpenAI's policy) says.
 
-    Raises `BatchRefused` for an invalid request, `QuotaExceeded` when a quota refuses the job.
+    Raises `BatchRefused` for an invalid request, `QuotaExceeded` when a quota refuses the job of a file
+    validated here (for a larger file, the batch fails with the quota's error instead).
     """
     try:
-        served = endpoint_for(endpoint)
+        endpoint_for(endpoint)
     except UnsupportedEndpoint as exc:
         raise BatchRefused(str(exc), param="endpoint") from None
     window = _window_seconds(completion_window)
@@ -133,19 +129,31 @@ def batch_create(
         input_file_id=source_file.id,
         output_expires_after_seconds=output_expiry,
     )
-    job_input = join_uri(_batch_prefix(batch.id), "input.jsonl")
-    store = store_for(job_input)
-    with store_for(source_file.uri).open_read(source_file.uri) as source, store.open_write(job_input) as target:
-        conversion = convert_requests(
-            iter(partial(source.readline, MAX_LINE_BYTES + 1), b""),
-            target,
-            endpoint=endpoint,
-            max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
-            max_line_bytes=MAX_LINE_BYTES,
-            dimensions_problem=_catalog_dimensions_problem(),
-        )
-    if not conversion.ok or conversion.model is None:
-        store.delete_prefix(job_input)
+    if source_file.bytes > settings.BATCHERY_BATCH_SYNC_VALIDATION_BYTES:
+        # Converting a large file takes longer than a request may: the batch is saved without a job
+        # (`validating`) and the control queue validates it; the reconciler resends a lost message.
+        with transaction.atomic():
+            batch.save()
+            transaction.on_commit(partial(_send_validation, batch.id))
+        return batch
+    return _validate_now(batch, source_file, window)
+
+
+def _send_validation(batch_id: str) -> None:
+    from tasks.validate_batch import validate_batch
+
+    try:
+        validate_batch.apply_async((batch_id,), task_id=validation_task_id(batch_id))
+    except Exception:
+        # The batch is committed: the reconciler sends its validation once it has waited too long.
+        logger.warning("validation of batch %s not enqueued; the reconciler sends it", batch_id, exc_info=True)
+
+
+def _validate_now(batch: Batch, source_file: File, window_s: int) -> Batch:
+    """Validate a small input file within the request; refusals of its job are the caller's HTTP errors."""
+    job_input = join_uri(batch_prefix(batch.id), "input.jsonl")
+    conversion = batch_input_convert(source_uri=source_file.uri, job_input=job_input, endpoint=batch.endpoint)
+    if not conversion.ok:
         batch.validation_errors = problems_to_openai_errors(conversion.problems)
         batch.finalized_at = timezone.now()
         batch.save()
@@ -153,34 +161,44 @@ def batch_create(
         return batch
     try:
         with transaction.atomic():
-            batch.job = job_submit(
-                tenant=tenant,
-                user=user,
-                model_name=conversion.model,
-                input_uri=job_input,
-                # `dimensions` shortens embeddings on the worker; `encoding_format` (which engines ignore)
-                # is read back at finalize.
-                params=conversion.params,
-                deadline_seconds=window,
-                task=served.task,
+            batch.job = batch_job_submit(
+                batch=batch, conversion=conversion, job_input=job_input, deadline_seconds=window_s
             )
             batch.save()
     except QuotaExceeded:
-        store.delete_prefix(job_input)
+        store_for(job_input).delete_prefix(job_input)
         raise
     except SubmissionError as exc:
-        store.delete_prefix(job_input)
-        param = "body.model" if exc.field == "model" else exc.field
-        raise BatchRefused(exc.message, param=param) from None
+        store_for(job_input).delete_prefix(job_input)
+        raise BatchRefused(exc.message, param=submission_param(exc)) from None
     return batch
 
 
 def batch_cancel(*, batch: Batch, actor: User | None = None) -> Batch:
-    """Cancel the batch's job; raises `CannotStop` if it has ended (or never ran). `actor` is who asked."""
+    """Cancel the batch: one still validating ends `cancelled` at once (its validation then submits
+    nothing), else its job is cancelled. Raises `CannotStop` if it has ended. `actor` is who asked."""
     from portal.jobs.services.stop import CannotStop
 
+    if batch.job_id is None:
+        now = timezone.now()
+        with transaction.atomic():
+            # The same condition the validation settles under, and the update waits for its row lock:
+            # one of the two wins, so a cancelled batch never gets a job.
+            if Batch.objects.filter(VALIDATING, pk=batch.pk).update(cancelled_at=now, finalized_at=now):
+                cancelled = Batch.objects.select_related("job", "tenant").get(pk=batch.pk)
+                audit_record(
+                    actor=actor,
+                    action="batch.cancelled",
+                    target=cancelled,
+                    tenant=cancelled.tenant,
+                    summary=f"batch {batch.id} cancelled while validating",
+                )
+                webhook_batch_ended(batch=cancelled)
+                return cancelled
+        # Its validation settled it meanwhile: a job to cancel, or an ending.
+        batch = Batch.objects.select_related("job").get(pk=batch.pk)
     if batch.job is None:
-        raise CannotStop(f"batch {batch.id} failed validation and has nothing to cancel")
+        raise CannotStop(f"batch {batch.id} has ended ({batch_status(batch)}) and has nothing to cancel")
     job_cancel(job=batch.job, actor=actor)
     return Batch.objects.select_related("job").get(pk=batch.pk)
 
@@ -214,7 +232,7 @@ def batch_finalize(*, batch_id: str) -> bool:
 
 
 def _write_output_files(batch: Batch, job: Job) -> dict[str, File]:
-    prefix = _batch_prefix(batch.id)
+    prefix = batch_prefix(batch.id)
     output_uri, errors_uri = join_uri(prefix, "output.jsonl"), join_uri(prefix, "errors.jsonl")
     store = store_for(output_uri)
     with (
@@ -231,6 +249,7 @@ def _write_output_files(batch: Batch, job: Job) -> dict[str, File]:
             batch_id=batch.id,
             created=int(job.created_at.timestamp()),
             encoding_format=str(job.params.get("encoding_format", "float")),
+            system_fingerprint=system_fingerprint(job.model.engine, job.model.name, job.model.version),
         )
     files = {}
     now = timezone.now()

@@ -32,6 +32,8 @@ def shard_spec(job: Job, shard: Shard) -> ShardSpec:
         input_field=input_field_for(job.model.task),
         params={**job.model.default_params, **job.params},
         hold_uri=pause_marker_uri(job_root(job)),
+        # A retry round's Parquet output is converted from the stitched JSONL, so its pieces would go unread.
+        output_format=job.output_format if shard.round == 0 else "jsonl",
     )
 
 

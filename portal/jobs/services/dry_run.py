@@ -26,9 +26,10 @@ from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.jobs.models import Job, Shard
 from portal.jobs.selectors import quota_usage
 from portal.jobs.services.dispatch import job_queue
-from portal.jobs.services.plan import CutShard, ShardCut, ShardCutter, job_records
+from portal.jobs.services.plan import job_records
 from portal.jobs.services.scheduler import SCHEDULABLE
 from portal.jobs.services.settle import UNSETTLED
+from portal.jobs.services.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.services.submit import (
     InputCheck,
     QuotaLine,

@@ -10,8 +10,10 @@ serializing every callback on the queue's scheduling lock.
 
 The drainer looks at the inbox again after letting go of its lock, so an ending put there while it
 was letting go is never stranded. Endings a failed batch took are put back before the error goes
-up, and the task retries. If a drainer dies holding endings, their shards stay `dispatched` and the
-reconciler's sweep settles them (as it does for any lost callback).
+up (`BatchNotSettled`), and the task retries while the database is down. A batch holds endings of
+any of the queue's jobs, so its failure fails none of them, not even the job of the callback that
+drained it: if a drainer gives up, or dies holding endings, their shards stay `dispatched` and the
+next drain or the reconciler's sweep settles them (as it does for any lost callback).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import logging
 from typing import cast
 
 import redis
+from django.db import InterfaceError, OperationalError
 
 from portal.jobs.services.scheduler import shards_finished
+from tasks.control import SharedWorkError
 from tasks.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -34,6 +38,22 @@ DRAIN_LOCK_TTL_S = 120
 """A drainer that died lets go after this; a live one settles a batch in far less."""
 
 
+class BatchNotSettled(SharedWorkError):
+    """Settling a batch of a queue's shard endings failed; the endings are back in its inbox."""
+
+    def __init__(self, queue: str, endings: int, transient: bool) -> None:
+        # Positional, so that the exception pickles whole.
+        super().__init__(queue, endings, transient)
+        self.queue = queue
+        self.endings = endings
+        """How many endings the batch held."""
+        self.transient = transient
+        """The database failed: the batch may settle once it is back, so the task retries."""
+
+    def __str__(self) -> str:
+        return f"settling {self.endings} shard endings of {self.queue!r} failed"
+
+
 def shard_finished_report(*, job_id: str, shard_index: int, queue: str = "") -> None:
     """A shard's task ended: settle it, with the other endings of its queue waiting to be settled."""
     client = redis_client()
@@ -41,7 +61,8 @@ def shard_finished_report(*, job_id: str, shard_index: int, queue: str = "") -> 
     try:
         client.rpush(INBOX_KEY.format(queue=queue), ending)
     except redis.RedisError:
-        # Without Redis there is nobody to batch with: settle this one alone.
+        # Without Redis there is nobody to batch with: settle this one alone. Its errors are this
+        # job's own, so the task fails the job once its retries are spent, as before the inbox.
         shards_finished([(job_id, shard_index)])
         return
     drain(client, queue)
@@ -61,9 +82,10 @@ def drain(client: redis.Redis, queue: str) -> int:
                 endings = [_parse(item) for item in raw]
                 try:
                     shards_finished(endings)
-                except Exception:
+                except Exception as exc:
                     client.lpush(inbox, *reversed(raw))
-                    raise
+                    transient = isinstance(exc, (OperationalError, InterfaceError))
+                    raise BatchNotSettled(queue, len(endings), transient) from exc
                 settled += len(endings)
         finally:
             try:

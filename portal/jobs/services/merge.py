@@ -35,6 +35,7 @@ from portal.jobs.services.settle import UNSETTLED, read_manifest, shard_record_f
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
+from tasks.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces
 from tasks.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key, lease_holder
 from tasks.redis_client import redis_client
 from tasks.specs import ShardManifest
@@ -277,11 +278,26 @@ def _stitch_retry(job: Job, outcomes: list[ShardOutcome]) -> tuple[int, int]:
     return succeeded, failed
 
 
-def _write_parquet(job: Job) -> None:
-    """The Parquet copy of the stitched JSONL output, streamed row group by row group."""
+def _write_parquet(job: Job, outcomes: list[ShardOutcome]) -> None:
+    """The Parquet output: the shards' committed Parquet pieces concatenated, or where a shard has
+    none (it ran before pieces, or its rows did not fit), the stitched JSONL converted."""
     target = parquet_output_uri(job_root(job))
+    if not job.retry_round and all(o.manifest is None or o.manifest.parquet_uri for o in outcomes):
+        try:
+            with store_for(target).open_write(target) as out:
+                merge_pieces([_piece_source(outcome) for outcome in outcomes], out, task=job.model.task)
+            return
+        except PiecesDisagree as exc:
+            logger.info("job %s: the Parquet pieces disagree (%s); converting the JSONL instead", job.id, exc)
     with store_for(job.output_uri).open_read(job.output_uri) as lines, store_for(target).open_write(target) as out:
         jsonl_to_parquet(lines, out, task=job.model.task)
+
+
+def _piece_source(outcome: ShardOutcome) -> PieceSource:
+    if outcome.manifest is None:
+        return PieceSource(lines=lambda: unfinished_shard_lines(outcome))
+    uri = outcome.manifest.parquet_uri
+    return PieceSource(piece=lambda: store_for(uri).open_read(uri))
 
 
 def _ending(succeeded: int, failed: int) -> str:
@@ -436,7 +452,8 @@ def _merge(job: Job, *, stop: str | None) -> None:
         succeeded, failed, shard_failures = merged.succeeded, merged.failed, merged.shard_failures
     if job.output_format == "parquet":
         try:
-            _write_parquet(job)
+            # Every shard's outcome: those stitched ahead are not among `outcomes`.
+            _write_parquet(job, outcomes if stop else _outcomes_when_settled(shards) or [])
         except ParquetOutputError as exc:
             job_fail(job_id=job_id, reason=f"cannot write the Parquet output: {exc}")
             return

@@ -3,7 +3,8 @@
 Redis holds messages, results and leases only; the database and storage hold the truth. Each
 sweep, on the control queue:
 - expires jobs past their deadline (what finished is kept);
-- sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
+- sends planning again for jobs left `queued` or `planning` by a crash or a lost message, and
+  validation again for `/v1/` batches left `validating` (`BATCHERY_BATCH_VALIDATION_RESEND_S`);
 - settles shards whose chord callback never came, and gives the scheduler back those that are
   neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
   was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue. Only shards with
@@ -28,10 +29,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from portal.batches.services.expiry import files_expire
+from portal.batches.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
 from portal.catalog.services import catalog_publish
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import job_queue
@@ -60,6 +63,7 @@ PendingView = Callable[[], BrokerView | None]
 class ReconcileReport:
     expired: int = 0
     planned: int = 0
+    revalidated: int = 0
     resent_shards: int = 0
     scheduled_shards: int = 0
     merged: int = 0
@@ -102,6 +106,29 @@ def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileRep
         logger.warning("job %s stalled in %s; sending planning again", job.id, job.status)
         plan_job.apply_async((str(job.id),), task_id=_plan_task_id(str(job.id)), queue=CONTROL_QUEUE)
         report.planned += 1
+
+
+def _revalidate_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
+    """Send validation again for batches left `validating`: their message was never sent (broker down at
+    the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
+    message back only after the visibility timeout, an hour, and never one that was not sent."""
+    from tasks.validate_batch import validate_batch
+
+    for batch_id in batches_validation_stalled(now=now):
+        if lease_holder(validation_lease_key(batch_id)) is not None:
+            continue
+        view = pending()
+        # A message delivered but unacknowledged, with no lease held, is with a dead worker: sent again.
+        # A second run does nothing (`batch_validate`), so a worker that was only slow to start is harmless.
+        if view is not None and validation_task_id(batch_id) in view.queued:
+            continue
+        logger.warning(
+            "batch %s still validating after %ss; sending its validation again",
+            batch_id,
+            settings.BATCHERY_BATCH_VALIDATION_RESEND_S,
+        )
+        validate_batch.apply_async((batch_id,), task_id=validation_task_id(batch_id), queue=CONTROL_QUEUE)
+        report.revalidated += 1
 
 
 def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
@@ -215,6 +242,7 @@ def jobs_reconcile() -> ReconcileReport:
     pending = _pending_view()
     _expire_overdue(now, report)
     _replan_stalled(now, pending, report)
+    _revalidate_stalled(now, pending, report)
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)
     catalog_publish()

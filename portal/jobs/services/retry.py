@@ -16,7 +16,8 @@ from django.db.models import Max
 
 from portal.audit.services import audit_record
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
-from portal.jobs.services.plan import ShardCut, ShardWriter
+from portal.jobs.services.plan import ShardWriter
+from portal.jobs.services.shard_cut import ShardCut
 from portal.jobs.services.storage_layout import job_root, shard_prefix
 from portal.jobs.services.transitions import job_transition
 from tasks.formats.records import Record, input_field_for

@@ -24,6 +24,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from gpuworkers.engines.request_params import check_request_params
+from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
@@ -380,6 +382,10 @@ def submission_request(
     job_params = _check_params(params)
     if "dimensions" in job_params and (problem := model.dimensions_problem(job_params["dimensions"])) is not None:
         raise SubmissionError(f"params.dimensions {problem}", field="params")
+    try:
+        check_request_params(model.engine, model.task, job_params)
+    except ParamError as exc:
+        raise SubmissionError(f"params.{exc}", field="params") from None
     try:
         options = InputOptions(format=input_format, text_column=text_column or None, id_column=id_column or None)
     except InputOptionsError as exc:

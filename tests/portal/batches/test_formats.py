@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import FrozenInstanceError, dataclass
 from functools import partial
 from typing import Any, Literal
@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 import pytest
-from openai.types import Completion, CreateEmbeddingResponse
+from openai.types import Completion, CreateEmbeddingResponse, ModerationCreateResponse
 from openai.types.batch import Errors
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict
@@ -28,6 +28,7 @@ from portal.batches.formats import (
     convert_requests,
     endpoint_for,
     problems_to_openai_errors,
+    system_fingerprint,
 )
 from tasks.formats.records import TASK_INPUT_FIELDS
 
@@ -89,11 +90,11 @@ def test_each_endpoint_maps_to_its_task_and_input_field(url: str, task: str, inp
 
 
 def test_an_unsupported_endpoint_is_refused_naming_the_supported_ones() -> None:
-    with pytest.raises(UnsupportedEndpoint, match=r"'/v1/responses' is not supported.*/v1/chat/completions"):
-        endpoint_for("/v1/responses")
-    with pytest.raises(ValueError, match="/v1/moderations"):
-        convert(jsonl(request()), endpoint="/v1/moderations")
-    assert set(ENDPOINTS) == {EMBEDDINGS, COMPLETIONS, CHAT}
+    with pytest.raises(UnsupportedEndpoint, match=r"'/v1/images/generations' is not supported.*/v1/moderations"):
+        endpoint_for("/v1/images/generations")
+    with pytest.raises(ValueError, match="/v1/images/generations"):
+        convert(jsonl(request()), endpoint="/v1/images/generations")
+    assert set(ENDPOINTS) == {EMBEDDINGS, COMPLETIONS, CHAT, "/v1/responses", "/v1/moderations"}
 
 
 # Good request files
@@ -353,24 +354,66 @@ def test_the_first_good_line_sets_the_model_and_params_that_the_others_must_repe
     assert "line 2 names 'good'" in result.problems[1].message
 
 
-def test_mixed_params_are_refused_naming_every_differing_key() -> None:
+def test_a_line_whose_params_differ_carries_its_own_with_null_for_what_it_leaves_out() -> None:
     lines = jsonl(
         request("a", url=CHAT, max_tokens=10, temperature=0.2),
         request("b", url=CHAT, max_tokens=10, temperature=0.2),
         request("c", url=CHAT, max_tokens=12, seed=3),
-        request("d", url=CHAT, max_tokens=10),
+        request("d", url=CHAT, max_tokens=10, user="ann", stream=False),
     )
 
     result, records = convert(lines, endpoint=CHAT)
 
-    assert [record["custom_id"] for record in records] == ["a", "b"]
+    assert result.ok
     assert result.params == {"max_tokens": 10, "temperature": 0.2}
-    assert codes(result) == [(3, "mixed_params"), (4, "mixed_params")]
-    third, fourth = result.problems
-    assert "differs from line 1's in max_tokens, seed, temperature" in third.message
-    assert "one set of parameters" in third.message
-    assert third.param == "body.max_tokens"
-    assert "in temperature;" in fourth.message
+    assert [record.get("params") for record in records] == [
+        None,
+        None,
+        {"max_tokens": 12, "seed": 3, "temperature": None},
+        {"max_tokens": 10, "temperature": None},
+    ]
+
+
+def test_lines_must_agree_on_encoding_format_which_shapes_the_whole_output_file() -> None:
+    lines = jsonl(request("a", encoding_format="base64"), request("b"), request("c", encoding_format="base64"))
+
+    result, records = convert(lines)
+
+    assert codes(result) == [(2, "mixed_params")]
+    assert result.problems[0].param == "body.encoding_format"
+    assert "line 1's" in result.problems[0].message
+    assert [record["custom_id"] for record in records] == ["a", "c"]
+
+
+def test_a_streaming_request_is_refused() -> None:
+    result, _ = convert(jsonl(request("a", url=CHAT, stream=True)), endpoint=CHAT)
+
+    assert codes(result) == [(1, "invalid_param")]
+    assert result.problems[0].param == "body.stream"
+
+
+def test_each_lines_params_are_judged_against_its_models_engine_naming_the_line_and_field() -> None:
+    judged: list[tuple[str, dict[str, Any]]] = []
+
+    def params_problem(model: str, params: Mapping[str, Any]) -> tuple[str, str] | None:
+        judged.append((model, dict(params)))
+        if "response_format" in params:
+            return "response_format", "response_format needs structured output"
+        return None
+
+    lines = jsonl(
+        request("a", url=CHAT, max_tokens=3),
+        request("b", url=CHAT, response_format={"type": "json_object"}, user="ann"),
+    )
+
+    result, records = convert(lines, endpoint=CHAT, params_problem=params_problem)
+
+    assert codes(result) == [(2, "invalid_param")]
+    assert result.problems[0].param == "body.response_format"
+    assert result.problems[0].message == "body.response_format needs structured output"
+    # Caller fields change no response: they are not the engine's to judge.
+    assert judged == [("m", {"max_tokens": 3}), ("m", {"response_format": {"type": "json_object"}})]
+    assert [record["custom_id"] for record in records] == ["a"]
 
 
 def test_equal_numbers_are_the_same_param() -> None:
@@ -589,8 +632,21 @@ def test_an_unknown_encoding_format_is_refused() -> None:
         convert_out([embedded("a", [1.0])], encoding_format="int8")
 
 
+ZERO_DETAILS = {
+    "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+    "completion_tokens_details": {
+        "reasoning_tokens": 0,
+        "audio_tokens": 0,
+        "accepted_prediction_tokens": 0,
+        "rejected_prediction_tokens": 0,
+    },
+}
+
+
 def test_chat_responses_become_chat_completions() -> None:
-    converted = convert_out([generated("a", "Hello!")], endpoint=CHAT)
+    converted = convert_out(
+        [generated("a", "Hello!")], endpoint=CHAT, system_fingerprint=system_fingerprint("vllm", "my-model", "3")
+    )
 
     [line] = converted.lines("output")
     body = line["response"]["body"]
@@ -608,9 +664,11 @@ def test_chat_responses_become_chat_completions() -> None:
                 "logprobs": None,
             }
         ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, **ZERO_DETAILS},
+        "system_fingerprint": "batchery-vllm-my-model@3",
     }
     parsed = ChatCompletion.model_validate(body)
+    assert parsed.system_fingerprint == "batchery-vllm-my-model@3"
     assert parsed.choices[0].message.content == "Hello!"
     assert parsed.usage is not None
     assert parsed.usage.total_tokens == 7
@@ -659,7 +717,8 @@ def test_completion_responses_become_text_completions() -> None:
         "created": 1700000000,
         "model": "my-model",
         "choices": [{"text": " upon a time", "index": 0, "finish_reason": "stop", "logprobs": None}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, **ZERO_DETAILS},
+        "system_fingerprint": None,
     }
     assert Completion.model_validate(body).choices[0].text == " upon a time"
 
@@ -821,4 +880,63 @@ def test_the_vllm_engines_responses_convert_to_valid_openai_bodies() -> None:
     assert len(ChatCompletion.model_validate(chat).choices) == 2
     assert Completion.model_validate(text).choices[0].logprobs is not None
     assert CreateEmbeddingResponse.model_validate(vector).data[0].embedding == [0.25, 0.5]
-    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7, **ZERO_DETAILS}
+
+
+def test_tool_calls_become_the_messages_tool_calls_with_stable_ids_and_no_content() -> None:
+    calls = [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}, {"name": "get_time", "arguments": "{}"}]
+    record = generated("a", "", tool_calls=calls, finish_reason="tool_calls")
+
+    first = convert_out([record], endpoint=CHAT).lines("output")[0]["response"]["body"]
+    again = convert_out([record], endpoint=CHAT).lines("output")[0]["response"]["body"]
+
+    completion = ChatCompletion.model_validate(first)
+    [choice] = completion.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls is not None
+    assert [(call.function.name, call.function.arguments) for call in choice.message.tool_calls] == [
+        ("get_weather", '{"city": "Oslo"}'),
+        ("get_time", "{}"),
+    ]
+    ids = [call.id for call in choice.message.tool_calls]
+    assert len(set(ids)) == 2 and all(call_id.startswith("call_") for call_id in ids)
+    assert first == again
+
+
+def test_a_conversation_may_hold_tool_calls_and_their_results() -> None:
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+    ]
+    result, records = convert(jsonl(request("a", url=CHAT, messages=messages)), endpoint=CHAT)
+
+    assert result.ok, result.problems
+    assert records[0]["messages"] == messages
+
+
+def test_a_classification_becomes_a_moderation_result_over_every_openai_category() -> None:
+    record = {"custom_id": "a", "response": {"scores": {"hate": 0.7, "violence": 0.2}, "label": "hate", "usage": {}}}
+
+    body = convert_out([record], endpoint="/v1/moderations").lines("output")[0]["response"]["body"]
+
+    [result] = ModerationCreateResponse.model_validate(body).results
+    assert result.flagged and result.categories.hate and not result.categories.violence
+    assert result.category_scores.violence == pytest.approx(0.2)
+    assert result.category_applied_input_types.hate == ["text"]
+    assert result.category_applied_input_types.sexual == [] and not result.categories.sexual
+
+
+def test_a_model_scoring_no_moderation_category_gives_each_request_an_error_naming_its_labels() -> None:
+    record = {"custom_id": "a", "response": {"scores": {"positive": 0.9, "negative": 0.1}, "label": "positive"}}
+
+    converted = convert_out([record], endpoint="/v1/moderations")
+
+    [line] = converted.lines("errors")
+    error = line["response"]["body"]["error"]
+    assert line["response"]["status_code"] == 400 and error["code"] == "invalid_model"
+    assert "negative, positive" in error["message"] and "label_map" in error["message"]

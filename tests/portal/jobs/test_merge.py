@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import random
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services import merge
 from portal.jobs.services.merge import MergeCursor, _cursor_uri, _read_cursor, job_merge, job_merge_advance
-from portal.jobs.services.settle import shard_record_failure, shard_record_success
 from portal.jobs.services.storage_layout import parquet_output_uri
-from tasks.specs import ShardManifest, commit_uri
 from tasks.storage import store_for
-from tests.factories import ModelFactory, TenantFactory
+from tests.factories import TenantFactory
+from tests.support.jobs import CommittedLayout, committed_job, committed_settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,85 +23,17 @@ SHARDS = 9
 RECORDS = 6
 FAILED_SHARD = 4
 """This shard fails for good: its records become `shard_failed` error lines."""
-
-
-def _line(row: dict[str, Any]) -> bytes:
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+LAYOUT = CommittedLayout(shards=SHARDS, records=RECORDS, failed_shard=FAILED_SHARD, seed=7)
 
 
 def _job(root: Path, *, output_format: str = "jsonl") -> Job:
     """A running job whose shards all committed (one failed for good), none yet settled."""
-    model = ModelFactory(name="merge-embed", is_default=False)
-    job = Job.objects.create(
-        tenant=TenantFactory(name="merger"),
-        model=model,
-        status=JobStatus.RUNNING,
-        input_uri="file:///x.jsonl",
-        output_uri=(root / "output.jsonl").as_uri(),
-        errors_uri=(root / "errors.jsonl").as_uri(),
-        output_format=output_format,
-        shard_size=RECORDS,
-    )
-    rng = random.Random(7)
-    for index in range(SHARDS):
-        prefix = root / "shards" / f"{index:05d}"
-        prefix.mkdir(parents=True)
-        ids = [f"r{index * RECORDS + n}" for n in range(RECORDS)]
-        (prefix / "input.jsonl").write_bytes(b"".join(_line({"custom_id": i, "body": {"input": "x"}}) for i in ids))
-        shard = Shard.objects.create(
-            job=job,
-            index=index,
-            first_record=index * RECORDS,
-            record_count=RECORDS,
-            input_uri=(prefix / "input.jsonl").as_uri(),
-            prefix_uri=prefix.as_uri(),
-            status=ShardStatus.DISPATCHED,
-        )
-        if index == FAILED_SHARD:
-            continue
-        lines = []
-        for custom_id in ids:
-            if rng.random() < 0.2:
-                lines.append(_line({"custom_id": custom_id, "error": {"code": "bad_input", "message": "too long"}}))
-            else:
-                vector = [rng.uniform(-1, 1) for _ in range(8)]
-                lines.append(
-                    _line({"custom_id": custom_id, "response": {"embedding": vector, "usage": {"prompt_tokens": 3}}})
-                )
-        errors = [line for line in lines if b'"error"' in line]
-        (prefix / "out.jsonl").write_bytes(b"".join(lines))
-        (prefix / "errors.jsonl").write_bytes(b"".join(errors))
-        manifest = ShardManifest(
-            job_id=str(job.pk),
-            shard_index=index,
-            attempt_id=uuid.uuid4().hex,
-            worker="w@test",
-            pid=1,
-            output_uri=(prefix / "out.jsonl").as_uri(),
-            errors_uri=(prefix / "errors.jsonl").as_uri(),
-            records=RECORDS,
-            succeeded=RECORDS - len(errors),
-            failed=len(errors),
-            started_at=time.time(),
-            finished_at=time.time(),
-            compute_seconds=0.1,
-            load_seconds=0.0,
-            cache_hit=True,
-            model_loads=1,
-        )
-        store_for(commit_uri(shard.prefix_uri)).put_if_absent(
-            commit_uri(shard.prefix_uri), orjson.dumps(manifest.to_dict())
-        )
-    return job
+    return committed_job(root, LAYOUT, tenant=TenantFactory(name="merger"), output_format=output_format)
 
 
 def _settle(shard: Shard) -> None:
     """What `shard_settle` records for the shard: its commit, or its failure for good."""
-    if shard.index == FAILED_SHARD:
-        shard_record_failure(shard, reason="RuntimeError: the engine crashed")
-        return
-    raw = store_for(commit_uri(shard.prefix_uri)).read_bytes(commit_uri(shard.prefix_uri))
-    shard_record_success(shard, ShardManifest.from_dict(orjson.loads(raw)))
+    committed_settle(shard, LAYOUT)
 
 
 def _merged_at_the_end(root: Path, **fields: Any) -> Job:
@@ -219,5 +148,5 @@ def test_after_stitching_ahead_the_merge_at_the_end_copies_only_the_last_shard(
 
     job_merge(job_id=str(job.pk))
 
-    prefix = last.prefix_uri
-    assert copied == [f"{prefix}/out.jsonl", f"{prefix}/errors.jsonl"]
+    last.refresh_from_db()
+    assert copied == [last.output_uri, last.errors_uri]

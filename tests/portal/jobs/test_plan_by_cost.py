@@ -15,9 +15,10 @@ from django.utils import timezone
 from portal.catalog.models import Model
 from portal.catalog.throughput import throughput_observe
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.plan import input_chars, job_plan
+from portal.jobs.services.plan import job_plan
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import job_retry
+from portal.jobs.services.shard_cut import input_chars
 from portal.jobs.services.submit import job_submit
 from portal.scheduling import capacity
 from portal.tenancy.models import Tenant
@@ -210,22 +211,34 @@ def test_a_records_characters_count_its_texts_and_its_messages_contents() -> Non
     assert input_chars([{"role": "user", "content": deep}]) == 3
 
 
-def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_results_come_at_once(
+@pytest.fixture
+def plan_sentences(
     acme: Tenant,
     minilm: Model,
     write_jsonl: Callable[..., Path],
     settings: Any,
     django_capture_on_commit_callbacks: Any,
-) -> None:
-    settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
+) -> Callable[[], list[Shard]]:
+    """Plans a job of 4,000 short sentences, nothing learned (0.05 s a record), two guided shards a
+    slot; the test sets the rest of the cutting's settings before it calls."""
     settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 2
-    settings.BATCHERY_TARGET_SHARD_SECONDS = 8
     settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD = 0.05
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
 
-    shards = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
-    )
+    def plan() -> list[Shard]:
+        job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        return _planned(job, django_capture_on_commit_callbacks)
+
+    return plan
+
+
+def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_results_come_at_once(
+    plan_sentences: Callable[[], list[Shard]], settings: Any
+) -> None:
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 8
+
+    shards = plan_sentences()
 
     # 0.5 s, 1 s, 2 s, 4 s, then the 8 s target at 0.05 s a record (until the job nears its end).
     assert [shard.record_count for shard in shards[:6]] == [10, 20, 40, 80, 160, 160]
@@ -233,23 +246,13 @@ def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_r
 
 
 def test_a_job_of_known_size_ends_in_shrinking_shards_so_its_slots_end_together(
-    acme: Tenant,
-    minilm: Model,
-    write_jsonl: Callable[..., Path],
-    settings: Any,
-    django_capture_on_commit_callbacks: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    plan_sentences: Callable[[], list[Shard]], settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(capacity, "live_slots", lambda queue: 2)
-    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 2
     settings.BATCHERY_TARGET_SHARD_SECONDS = 60
     settings.BATCHERY_MIN_SHARD_SECONDS = 1
-    settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD = 0.05
-    path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
 
-    shards = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
-    )
+    shards = plan_sentences()
 
     counts = [shard.record_count for shard in shards]
     # 200 s of work on two slots: each shard its work left over four (two a slot): 50 s, 37.5 s, ...

@@ -7,7 +7,8 @@ import uuid
 import pytest
 
 from portal.catalog.throughput import CostModel
-from portal.jobs.services.plan import ShardCut, ShardWriter
+from portal.jobs.services.plan import ShardWriter
+from portal.jobs.services.shard_cut import ShardCut
 from portal.jobs.services.storage_layout import job_prefix
 from tasks.formats.records import Record
 from tasks.storage import store_for

@@ -4,7 +4,9 @@ then planning and merging of large inputs.
 Prints records per second of a 20,000-sentence embedding job through submit, plan, shards on warm
 workers and merge, and of `model.encode` in batches of 32 in one process, and their ratio. Then, for
 inputs of about 200 MB and 2 GB (`--io-sizes-mb`), the time, MB/s and peak RSS of planning and of
-merging, each in its own process (see `portal.ops.bench_io`). `--skip-io` and `--only-io` run one half.
+merging, each in its own process (see `portal.ops.bench_io`), and the merge of a Parquet output of
+100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `portal.ops.bench_parquet`).
+`--skip-io` and `--only-io` run one half.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from portal.ops.bench_fairness import render_fairness, run_fairness_bench
 from portal.ops.bench_first_result import FirstResult, first_result
 from portal.ops.bench_io import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
 from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
+from portal.ops.bench_parquet import render_parquet, run_parquet_bench
 from portal.ops.bench_reconcile import render_reconcile, run_reconcile_bench
 from portal.ops.demo import write_demo_dataset
 from portal.ops.embedded import start_embedded_redis
@@ -134,6 +137,12 @@ class Command(BaseCommand):
             "--reconcile-jobs", type=int, default=100, help="running jobs of the reconciler sweep run (0: skip)"
         )
         parser.add_argument("--reconcile-shards", type=int, default=1000, help="dispatched shards a job")
+        parser.add_argument(
+            "--parquet-records",
+            type=int,
+            default=100_000,
+            help="embeddings of the Parquet output merge, from the JSONL and from pieces (0: skip)",
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
@@ -150,6 +159,9 @@ class Command(BaseCommand):
                 self.platform_bench(options)
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
+            if options["parquet_records"]:
+                self.stdout.write("")
+                self.stdout.write(render_parquet(run_parquet_bench(records=options["parquet_records"])))
 
     def metrics_bench(self, options: dict[str, Any]) -> None:
         count = options["metrics_sentences"]
@@ -193,6 +205,8 @@ class Command(BaseCommand):
 
     def platform_bench(self, options: dict[str, Any]) -> None:
         """The platform's own cost: the zero-cost-engine ceiling, the API under load, a reconciler sweep."""
+        if not (options["ceiling_slots"] or options["api_jobs"] or options["reconcile_jobs"]):
+            return  # every part skipped: nothing ran, so there is nothing to rerun
         if options["ceiling_slots"]:
             self.stdout.write("")
             ceiling = run_ceiling_bench(

@@ -1,0 +1,32 @@
+"""The catalog side of the platform benchmarks: registering a `portal.ops.bench_models` model.
+
+`bench_models` stays free of Django (the GPU workers import it to run the models); the benches that
+run jobs through those models register them here first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from portal.catalog.models import GpuClass, Model
+from portal.catalog.services import catalog_publish
+
+
+def bench_model_register(*, name: str, task: str, factory: str, default_params: Mapping[str, Any]) -> Model:
+    """Create or update the Python-engine model `name` (version 1) on the `cpu` class, built by the
+    `portal.ops.bench_models` function `factory`, and publish the catalog so that workers see it."""
+    model, _ = Model.objects.update_or_create(
+        name=name,
+        version="1",
+        defaults={
+            "engine": Model.Engine.PYTHON,
+            "task": task,
+            "source": f"portal.ops.bench_models:{factory}",
+            "gpu_class": GpuClass.objects.get(name="cpu"),
+            "default_params": dict(default_params),
+            "is_default": False,
+        },
+    )
+    catalog_publish()
+    return model
