@@ -52,6 +52,13 @@ class SequenceClassifierEngine:
             model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
         except Exception as exc:
             raise EngineLoadError(f"cannot load {self.spec.name!r} from {path}: {type(exc).__name__}: {exc}") from exc
+        if tokenizer.pad_token is None:
+            # A classifier on a decoder (GPT-2 style) often ships without one; it pads with its end token and
+            # reads the last real token, which `pad_token_id` tells the model.
+            if tokenizer.eos_token is None:
+                raise EngineLoadError(f"the tokenizer of {self.spec.name!r} has neither a pad nor an eos token")
+            tokenizer.pad_token = tokenizer.eos_token
+            model.config.pad_token_id = tokenizer.pad_token_id
         model.to(device)
         model.eval()
         self._labels = self._renamed_labels(model.config.id2label)

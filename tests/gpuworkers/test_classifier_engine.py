@@ -90,3 +90,26 @@ def test_a_label_map_that_merges_two_labels_is_a_load_error(model_dir: Path) -> 
 
     with pytest.raises(EngineLoadError, match="the same name"):
         engine.load(device="cpu")
+
+
+def test_a_classifier_whose_tokenizer_has_no_pad_token_pads_with_its_end_token(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification
+
+    from tests.support.tiny_models import build_tiny_causal_lm
+
+    directory = build_tiny_causal_lm(tmp_path / "gpt2-classifier")
+    config = GPT2Config.from_pretrained(
+        directory, id2label={0: "hate", 1: "violence"}, label2id={"hate": 0, "violence": 1}
+    )
+    GPT2ForSequenceClassification(config).save_pretrained(directory)
+    assert AutoTokenizer.from_pretrained(directory).pad_token is None
+    engine = SequenceClassifierEngine(classifier_spec(directory))
+    engine.load(device="cpu")
+    try:
+        together = engine.run_batch(["short", "a longer text than that"], {})
+        alone = [engine.run_batch([text], {})[0] for text in ("short", "a longer text than that")]
+    finally:
+        engine.unload()
+
+    for batched, single in zip(together, alone, strict=True):
+        assert list(batched["scores"].values()) == pytest.approx(list(single["scores"].values()), abs=1e-5)
