@@ -53,6 +53,29 @@ def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = 
     ]
 
 
+def is_token_array(value: Any) -> bool:
+    """A non-empty list of token ids (whole numbers, not booleans): one input of an embedding model, in
+    the model's own vocabulary, as vLLM's OpenAI server takes them."""
+    return isinstance(value, list) and bool(value) and all(type(item) is int for item in value)
+
+
+def require_embedding_inputs(inputs: Sequence[Any], vocabulary: int) -> list[str | list[int]]:
+    """An embedding micro-batch's inputs, each a non-empty text or a token array of ids under ``vocabulary``.
+
+    No position in the messages: a failing micro-batch is run again record by record, and the message a
+    record ends up with comes from a batch of one.
+    """
+    for item in inputs:
+        if isinstance(item, str):
+            if not item:
+                raise ValueError("the input is an empty string")
+        elif not is_token_array(item):
+            raise ValueError(f"the input must be a string or an array of token ids, not {type(item).__name__}")
+        elif (bad := next((token for token in item if not 0 <= token < vocabulary), None)) is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary of {vocabulary} ids")
+    return list(inputs)
+
+
 _ENGINES: dict[str, str] = {
     "python": "gpuworkers.engines.python:PythonEngine",
     "sentence_transformers": "gpuworkers.engines.sentence_transformers:SentenceTransformersEngine",

@@ -15,14 +15,14 @@ from typing import Any
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError, over_limit
-from gpuworkers.engines.torch_memory import module_bytes, release_memory
+from gpuworkers.engines.torch_memory import TorchModelHolder
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 
 _LOAD_PARAMS = frozenset({"label_map"})
 
 
-class SequenceClassifierEngine:
+class SequenceClassifierEngine(TorchModelHolder):
     """Scores texts; params of `run_batch`: ``batch_size`` (texts per forward pass, 32) and ``truncate``.
 
     A text longer than the model's positions is refused by `too_long` unless ``truncate`` is true, then it
@@ -116,15 +116,6 @@ class SequenceClassifierEngine:
         texts = [text if isinstance(text, str) else "" for text in inputs]
         counts = [len(ids) for ids in tokenizer(texts, return_attention_mask=False)["input_ids"]]
         return over_limit(counts, self._max_tokens)
-
-    def memory_bytes(self) -> int:
-        return 0 if self._model is None else module_bytes(self._model)
-
-    def unload(self) -> None:
-        if self._model is None:
-            return
-        self._model = self._tokenizer = None
-        release_memory()
 
     def _loaded(self) -> tuple[Any, Any]:
         if self._model is None:

@@ -1,10 +1,11 @@
 """What every embedding engine shares: list inputs, and shortened (Matryoshka) embeddings.
 
-A record of task ``embed`` holds one text or a list of texts; an engine embeds texts. `EmbeddingInputs`
-wraps any engine of that task: it flattens the texts of every record of a micro-batch into one call of
-the engine, so that a record of many texts batches as well as many records of one, then splits the
-embeddings back per record. A record of one text keeps the engine's response unchanged; a record of a
-list gets ``{"embeddings": [one per text, in order], "usage": {"prompt_tokens": the sum}}``.
+A record of task ``embed`` holds one input (a text, or a token array: a list of the model's token ids)
+or a list of inputs; an engine embeds inputs. `EmbeddingInputs` wraps any engine of that task: it
+flattens the inputs of every record of a micro-batch into one call of the engine, so that a record of
+many inputs batches as well as many records of one, then splits the embeddings back per record. A
+record of one input keeps the engine's response unchanged; a record of a list gets
+``{"embeddings": [one per input, in order], "usage": {"prompt_tokens": the sum}}``.
 
 Param ``dimensions`` keeps the first that many values of each embedding and scales them back to unit
 length, as OpenAI's Matryoshka models do. It is applied here, on the worker, for every engine alike:
@@ -20,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from gpuworkers.batching import EngineOutputError
-from gpuworkers.engines.base import Engine
+from gpuworkers.engines.base import Engine, is_token_array
 
 
 class EmbeddingInputs:
-    """An embedding engine that takes records of one text or a list of texts, and ``dimensions``.
+    """An embedding engine that takes records of one input or a list of inputs, and ``dimensions``.
 
     Loading, memory and unloading are the wrapped engine's.
     """
@@ -37,10 +38,7 @@ class EmbeddingInputs:
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         dimensions = _dimensions(params.get("dimensions"))
-        texts: list[Any] = []
-        for value in inputs:
-            # A string, or anything else the engine refuses by itself, is one input.
-            texts.extend(value if isinstance(value, list) else [value])
+        texts = _flattened(inputs)
         responses = self.engine.run_batch(texts, params)
         if len(responses) != len(texts):
             # batching's own check would compare against the records, not the texts, and miss this.
@@ -52,7 +50,7 @@ class EmbeddingInputs:
         grouped: list[dict[str, Any]] = []
         start = 0
         for value in inputs:
-            if not isinstance(value, list):
+            if not _is_list_of_inputs(value):
                 grouped.append(responses[start])
                 start += 1
                 continue
@@ -69,18 +67,15 @@ class EmbeddingInputs:
         check = getattr(self.engine, "too_long", None)
         if check is None:
             return [None] * len(inputs)
-        texts: list[Any] = []
-        for value in inputs:
-            texts.extend(value if isinstance(value, list) else [value])
-        messages = iter(check(texts, params))
+        messages = iter(check(_flattened(inputs), params))
         refused: list[str | None] = []
         for value in inputs:
-            if not isinstance(value, list):
+            if not _is_list_of_inputs(value):
                 refused.append(next(messages))
                 continue
             own = [next(messages) for _ in value]
             first = next(((place, message) for place, message in enumerate(own) if message is not None), None)
-            refused.append(None if first is None else f"text {first[0]} of the list: {first[1]}")
+            refused.append(None if first is None else f"input {first[0]} of the list: {first[1]}")
         return refused
 
     def memory_bytes(self) -> int:
@@ -88,6 +83,19 @@ class EmbeddingInputs:
 
     def unload(self) -> None:
         self.engine.unload()
+
+
+def _is_list_of_inputs(value: Any) -> bool:
+    return isinstance(value, list) and not is_token_array(value)
+
+
+def _flattened(inputs: Sequence[Any]) -> list[Any]:
+    """The inputs of every record in order; a string, a token array or anything else the engine refuses by
+    itself is one input."""
+    flat: list[Any] = []
+    for value in inputs:
+        flat.extend(value if _is_list_of_inputs(value) else [value])
+    return flat
 
 
 def shortened(embedding: np.ndarray, dimensions: int) -> np.ndarray:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError, over_limit
-from gpuworkers.engines.torch_memory import module_bytes, release_memory
+from gpuworkers.engines.base import EngineLoadError, is_token_array, over_limit, require_embedding_inputs
+from gpuworkers.engines.torch_memory import TorchModelHolder
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 
@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 _LOAD_PARAMS = frozenset({"max_seq_length", "half_precision"})
 
 
-class SentenceTransformersEngine:
-    """Embeds text; load once per worker process, then call `run_batch` per micro-batch.
+class SentenceTransformersEngine(TorchModelHolder):
+    """Embeds texts and token arrays (the model's token ids, taken as given); load once per worker process,
+    then call `run_batch` per micro-batch.
 
     Params of `run_batch`: ``batch_size`` (inputs per forward pass, default 32) and ``normalize``
-    (unit-length embeddings, default false). A text over ``max_seq_length`` tokens is refused by
+    (unit-length embeddings, default false). An input over ``max_seq_length`` tokens is refused by
     `too_long` unless params say ``truncate: true``; then the model reads its first ``max_seq_length``.
     Load params: ``max_seq_length`` (tokens kept per input) and ``half_precision``
     (float16 weights on a GPU, the default there; never on the CPU).
@@ -36,6 +37,9 @@ class SentenceTransformersEngine:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._model: SentenceTransformer | None = None
+        # The texts `too_long` measured last, with their full token counts: `run_batch` on the same texts,
+        # which follows it for every micro-batch, takes its usage from them instead of tokenizing again.
+        self._measured: dict[str, int] = {}
 
     def load(self, *, device: str) -> None:
         if self.spec.task != "embed":
@@ -65,46 +69,62 @@ class SentenceTransformersEngine:
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         model = self._loaded_model()
-        texts = _require_texts(inputs)
-        if not texts:
+        items = require_embedding_inputs(inputs, len(model.tokenizer))
+        if not items:
             return []
-        embeddings = model.encode(
-            texts,
-            batch_size=params.get("batch_size", 32),
-            normalize_embeddings=params.get("normalize", False),
-            convert_to_numpy=True,
-            show_progress_bar=False,
+        batch_size = params.get("batch_size", 32)
+        normalize = params.get("normalize", False)
+        texts = [item for item in items if isinstance(item, str)]
+        arrays = [item for item in items if not isinstance(item, str)]
+        embedded_texts = iter(
+            model.encode(
+                texts,
+                batch_size=batch_size,
+                normalize_embeddings=normalize,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            if texts
+            else []
         )
-        token_counts = self._token_counts(model, texts)
+        embedded_arrays = iter(_encode_token_arrays(model, arrays, batch_size, normalize) if arrays else [])
+        text_counts = iter(self._usage_counts(model, texts) if texts else [])
+        limit = model.max_seq_length
         return [
             # The array stays numpy: orjson writes float32 directly, in half the bytes of Python floats.
-            {"embedding": embedding, "usage": {"prompt_tokens": count}}
-            for embedding, count in zip(embeddings, token_counts, strict=True)
+            {"embedding": next(embedded_texts), "usage": {"prompt_tokens": next(text_counts)}}
+            if isinstance(item, str)
+            else {"embedding": next(embedded_arrays), "usage": {"prompt_tokens": _kept(len(item), limit)}}
+            for item in items
         ]
 
     def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
-        """For each text, its length where it is over the model's ``max_seq_length`` tokens, else None."""
+        """For each input, its length where it is over the model's ``max_seq_length`` tokens, else None."""
         model = self._loaded_model()
         limit = model.max_seq_length
         if limit is None:
             return [None] * len(inputs)
-        # A non-text is measured as empty: `run_batch` refuses it with its own message.
-        texts = [text if isinstance(text, str) else "" for text in inputs]
-        return over_limit(self._token_counts(model, texts, truncate=False), limit)
-
-    def memory_bytes(self) -> int:
-        return 0 if self._model is None else module_bytes(self._model)
-
-    def unload(self) -> None:
-        if self._model is None:
-            return
-        self._model = None
-        release_memory()
+        # Anything else than a text or a token array is measured as empty: `run_batch` refuses it itself.
+        texts = [item for item in inputs if isinstance(item, str)]
+        counts = iter(self._token_counts(model, texts, truncate=False) if texts else [])
+        lengths = [
+            next(counts) if isinstance(item, str) else len(item) if is_token_array(item) else 0 for item in inputs
+        ]
+        self._measured = {item: length for item, length in zip(inputs, lengths, strict=True) if isinstance(item, str)}
+        return over_limit(lengths, limit)
 
     def _loaded_model(self) -> SentenceTransformer:
         if self._model is None:
             raise RuntimeError(f"engine for {self.spec.name!r} is not loaded; call load() first")
         return self._model
+
+    def _usage_counts(self, model: SentenceTransformer, texts: list[str]) -> list[int]:
+        """The tokens the model reads of each text: its full count cut at ``max_seq_length``, as truncation
+        cuts it, from what `too_long` measured where it measured these texts."""
+        measured, self._measured = self._measured, {}
+        if not all(text in measured for text in texts):
+            return self._token_counts(model, texts)
+        return [_kept(measured[text], model.max_seq_length) for text in texts]
 
     @staticmethod
     def _token_counts(model: SentenceTransformer, texts: list[str], *, truncate: bool = True) -> list[int]:
@@ -118,13 +138,27 @@ class SentenceTransformersEngine:
         return [len(ids) for ids in encoded["input_ids"]]
 
 
-def _require_texts(inputs: Sequence[Any]) -> list[str]:
-    # No position in the messages: a failing micro-batch is run again record by record, and the
-    # message a record ends up with comes from a batch of one.
-    texts = list(inputs)
-    for text in texts:
-        if not isinstance(text, str):
-            raise ValueError(f"the input must be a string, not {type(text).__name__}")
-        if not text:
-            raise ValueError("the input is an empty string")
-    return texts
+def _kept(tokens: int, limit: int | None) -> int:
+    """Of an input of ``tokens`` tokens, those the model reads: truncation keeps the first ``limit``."""
+    return tokens if limit is None else min(tokens, limit)
+
+
+def _encode_token_arrays(
+    model: SentenceTransformer, arrays: list[list[int]], batch_size: int, normalize: bool
+) -> list[Any]:
+    """Embeddings of inputs given as the model's token ids, used as they are (no special tokens added),
+    cut at ``max_seq_length`` as texts are: the model's own modules run on them, as `encode` runs them."""
+    import torch
+
+    limit = model.max_seq_length
+    kept = [ids[:limit] if limit is not None else ids for ids in arrays]
+    embeddings: list[Any] = []
+    for start in range(0, len(kept), batch_size):
+        padded = model.tokenizer.pad({"input_ids": kept[start : start + batch_size]}, return_tensors="pt")
+        features = {name: tensor.to(model.device) for name, tensor in padded.items()}
+        with torch.inference_mode():
+            batch = model(features)["sentence_embedding"].float()
+        if normalize:
+            batch = torch.nn.functional.normalize(batch, p=2, dim=1)
+        embeddings.extend(batch.cpu().numpy())
+    return embeddings

@@ -19,3 +19,20 @@ def release_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class TorchModelHolder:
+    """What the torch engines share: the loaded module (and tokenizer, where there is one), what it takes,
+    and letting go of it (the `Engine` protocol's `memory_bytes` and `unload`)."""
+
+    _model: Any = None
+    _tokenizer: Any = None
+
+    def memory_bytes(self) -> int:
+        return 0 if self._model is None else module_bytes(self._model)
+
+    def unload(self) -> None:
+        if self._model is None:
+            return
+        self._model = self._tokenizer = None
+        release_memory()

@@ -18,7 +18,7 @@ from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import ParamError, is_int, structured_output
-from gpuworkers.engines.torch_memory import module_bytes, release_memory
+from gpuworkers.engines.torch_memory import TorchModelHolder
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 
@@ -126,7 +126,7 @@ def _refuse_beyond_plain_decoding(params: Mapping[str, Any]) -> None:
         )
 
 
-class TransformersEngine:
+class TransformersEngine(TorchModelHolder):
     """Generates text from prompts or chats; load once per worker process, then call `run_batch` per micro-batch.
 
     Inputs of `run_batch`: prompt strings (task ``generate``) or lists of messages (task ``chat``,
@@ -216,15 +216,6 @@ class TransformersEngine:
             _overflow(len(ids), max_tokens, context) if len(ids) + max_tokens > context else None
             for ids in self._prompt_token_ids(tokenizer, list(inputs))
         ]
-
-    def memory_bytes(self) -> int:
-        return 0 if self._model is None else module_bytes(self._model)
-
-    def unload(self) -> None:
-        if self._model is None:
-            return
-        self._model = self._tokenizer = None
-        release_memory()
 
     def _dtype_name(self, device: str) -> str:
         unknown = set(self.spec.load_params) - _LOAD_PARAMS

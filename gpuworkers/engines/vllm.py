@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError, over_limit
+from gpuworkers.engines.base import EngineLoadError, over_limit, require_embedding_inputs
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
@@ -111,7 +111,12 @@ class VllmEngine:
         if not items:
             return []
         if self.spec.task == "embed":
-            embeddings = [embedding_response(output) for output in llm.embed(_require_texts(items), use_tqdm=False)]
+            prompts = [
+                # A token array goes in as vLLM's TokensPrompt: the model's ids, taken as given.
+                item if isinstance(item, str) else {"prompt_token_ids": item}
+                for item in require_embedding_inputs(items, len(llm.get_tokenizer()))
+            ]
+            embeddings = [embedding_response(output) for output in llm.embed(prompts, use_tqdm=False)]
             publish_vllm_metrics(llm)
             return embeddings
         kwargs = [sampling_kwargs(own) for own in params]
@@ -141,7 +146,10 @@ class VllmEngine:
         limit = int(llm.llm_engine.model_config.max_model_len)
         tokenizer = llm.get_tokenizer()
         if self.spec.task == "embed":
-            counts = [len(tokenizer(text)["input_ids"]) for text in _require_texts(list(inputs))]
+            counts = [
+                len(tokenizer(item)["input_ids"]) if isinstance(item, str) else len(item)
+                for item in require_embedding_inputs(list(inputs), len(tokenizer))
+            ]
             return over_limit(counts, limit, truncatable=False)
         max_tokens = sampling_kwargs(params).get("max_tokens", DEFAULT_MAX_TOKENS)
         if self.spec.task == "generate":

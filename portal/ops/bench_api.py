@@ -2,8 +2,10 @@
 list from the portal as deployed (gunicorn, `portal.ops.stack`), with 10,000 jobs in the database.
 
 Each client alternates `GET /api/v1/jobs/{id}/` and `GET /api/v1/jobs/` for `seconds`, waiting
-`pace_s` between its requests (0: as fast as the portal answers, which measures its capacity: the
-latency is then the clients' queue, by Little's law, more than any request's work). Reported: p50
+about `pace_s` between its requests (0: as fast as the portal answers, which measures its capacity: the
+latency is then the clients' queue, by Little's law, more than any request's work). The waits are
+drawn at random (exponential, mean `pace_s`, after a random start), as independent users poll: clients
+in lockstep would all ask at the same instant and measure the queue of their own burst. Reported: p50
 and p99 latency per endpoint, requests per second, errors (any answer but 200, or none), and the
 database queries each endpoint makes, counted in this process with Django's test client.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +128,7 @@ def queries_per_request(key: str, job_id: str) -> dict[str, int]:
 async def _load(base_url: str, key: str, job_id: str, *, clients: int, seconds: float, pace_s: float) -> LoadRun:
     latencies: dict[str, list[float]] = {"detail": [], "list": []}
     errors = 0
+    waits = random.Random(0)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=30) as client:
@@ -133,6 +137,8 @@ async def _load(base_url: str, key: str, job_id: str, *, clients: int, seconds: 
         async def one_client(offset: int) -> None:
             nonlocal errors
             turn = offset
+            if pace_s:
+                await asyncio.sleep(waits.uniform(0, pace_s))
             while time.perf_counter() < deadline:
                 endpoint, path = ("detail", f"{LIST}{job_id}/") if turn % 2 == 0 else ("list", LIST)
                 turn += 1
@@ -145,7 +151,7 @@ async def _load(base_url: str, key: str, job_id: str, *, clients: int, seconds: 
                 latencies[endpoint].append((time.perf_counter() - started) * 1000)
                 errors += not ok
                 if pace_s:
-                    await asyncio.sleep(pace_s)
+                    await asyncio.sleep(waits.expovariate(1 / pace_s))
 
         started = time.perf_counter()
         await asyncio.gather(*(one_client(n) for n in range(clients)))

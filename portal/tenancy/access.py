@@ -32,9 +32,15 @@ class TenantAccess:
 
 
 def access_for_key(key: ApiKey) -> TenantAccess | None:
-    """The access an API key grants: its user's role in its tenant, or None if the user left it."""
-    role = Membership.objects.filter(user_id=key.user_id, tenant_id=key.tenant_id).values_list("role", flat=True)
-    found = role.first()
+    """The access an API key grants: its user's role in its tenant, or None if the user left it.
+
+    A key from `apikey_authenticate` carries the role, read with it (``member_role``); another is looked up.
+    """
+    if hasattr(key, "member_role"):
+        found = key.member_role
+    else:
+        role = Membership.objects.filter(user_id=key.user_id, tenant_id=key.tenant_id).values_list("role", flat=True)
+        found = role.first()
     return TenantAccess(tenant=key.tenant, role=found) if found else None
 
 

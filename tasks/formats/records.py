@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuworkers.engines.base import is_token_array
+
 # The field each task reads from a record; the names follow the bodies of OpenAI's endpoints so an
 # OpenAI request body is also a valid record.
 TASK_INPUT_FIELDS: dict[str, str] = {
@@ -30,11 +32,11 @@ def input_problem(input_field: str, value: Any) -> str | None:
     """What is wrong with a record's input value for the task that reads `input_field`; None if nothing.
 
     The shape every engine of the task needs: text for `prompt`, a non-empty list of message objects
-    for `messages`, and for `input` a text or a non-empty list of texts (an embedding model gives one
-    embedding a text, in order). Token arrays (lists of ints) are refused: they are ids of the
-    client's tokenizer (OpenAI's, for its clients), which mean nothing to another model's vocabulary.
-    Checked with the rest of the record, at submission or planning, so that a wrong type refuses the
-    input up front instead of failing its record at run time.
+    for `messages`, and for `input` a text, a token array (a non-empty list of token ids), or a
+    non-empty list of either kind (an embedding model gives one embedding each, in order). Token ids
+    are the model's own, as vLLM's OpenAI server takes them: the engine checks them against the
+    model's vocabulary. Checked with the rest of the record, at submission or planning, so that a
+    wrong type refuses the input up front instead of failing its record at run time.
     """
     if input_field == TASK_INPUT_FIELDS["chat"]:
         if not isinstance(value, list) or not value:
@@ -53,19 +55,29 @@ def input_problem(input_field: str, value: Any) -> str | None:
 def _texts_problem(input_field: str, texts: list[Any]) -> str | None:
     if not texts:
         return f"{input_field} must be a string or a non-empty array of strings, not an empty array"
+    if all(type(item) is int for item in texts):
+        problem = _token_array_problem(texts)
+        return None if problem is None else f"{input_field} is a token array whose {problem}"
     if len(texts) > MAX_INPUT_TEXTS:
         return f"{input_field} holds {len(texts)} texts, over the limit of {MAX_INPUT_TEXTS} a record"
-    if all(isinstance(item, int) and not isinstance(item, bool) for item in texts) or all(
-        isinstance(item, list) for item in texts
-    ):
-        return (
-            f"{input_field} holds token ids, which Batchery does not take: token ids belong to the client's "
-            "tokenizer, not the model's; send the texts instead"
-        )
+    if isinstance(texts[0], list):
+        for number, tokens in enumerate(texts, 1):
+            if not is_token_array(tokens):
+                some_list = isinstance(tokens, list) and tokens
+                kind = "an array of something else than token ids" if some_list else _json_kind(tokens)
+                return f"{input_field} must hold token arrays alike; item {number} is {kind}"
+            if (problem := _token_array_problem(tokens)) is not None:
+                return f"{input_field} must hold token arrays; the {problem}, in item {number}"
+        return None
     for number, text in enumerate(texts, 1):
         if not isinstance(text, str):
             return f"{input_field} must hold strings; item {number} is {_json_kind(text)}"
     return None
+
+
+def _token_array_problem(tokens: list[int]) -> str | None:
+    negative = next((place for place, token in enumerate(tokens) if token < 0), None)
+    return None if negative is None else f"token {negative} is negative ({tokens[negative]})"
 
 
 def _json_kind(value: Any) -> str:

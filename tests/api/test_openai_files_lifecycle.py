@@ -24,7 +24,7 @@ from portal.jobs.services.storage_layout import job_prefix, output_uri
 from portal.tenancy.models import Membership, Quota
 from tasks.storage import join_uri, store_for
 from tests.api.conftest import Caller
-from tests.api.test_openai_batches import ENDED, _requests_file, _wait
+from tests.support.openai_batches import ENDED, requests_file, wait_for_batch
 
 A_MINUTE = {"anchor": "created_at", "seconds": 60}
 
@@ -44,7 +44,7 @@ def _client(live_server: Any, key: str, sent: list[httpx.Request] | None = None,
 
 def _embedding_lines(path: Path, count: int = 3) -> Path:
     bodies = [{"model": "all-MiniLM-L6-v2", "input": f"sentence {n}"} for n in range(count)]
-    return _requests_file(path, "/v1/embeddings", bodies)
+    return requests_file(path, "/v1/embeddings", bodies)
 
 
 def _exists(uri: str) -> bool:
@@ -185,7 +185,7 @@ def test_a_batch_run_by_the_official_client_writes_outputs_that_expire_as_it_ask
         completion_window="24h",
         output_expires_after=A_MINUTE,
     )
-    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+    batch = wait_for_batch(client, batch.id, ENDED, pipeline_workers)
     assert batch.status == "completed" and batch.output_file_id is not None, batch
     output = client.files.retrieve(batch.output_file_id)
     assert output.expires_at == output.created_at + 60 and output.created_at >= batch.created_at

@@ -10,11 +10,11 @@ import openai
 import pytest
 
 from gpuworkers.engines.classifier import SequenceClassifierEngine
-from portal.batches.formats import MODERATION_CATEGORIES, MODERATION_THRESHOLD
+from portal.batches.formats.endpoints import MODERATION_CATEGORIES, MODERATION_THRESHOLD
 from portal.catalog.models import Model
 from tests.api.conftest import Caller
-from tests.api.test_openai_batches import ENDED, _client, _lines, _requests_file, _wait
 from tests.factories import ModelFactory
+from tests.support.openai_batches import batch_lines, openai_client, requests_file, run_batch
 from tests.support.tiny_models import build_tiny_classifier
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -35,16 +35,15 @@ def test_a_moderations_batch_answers_each_text_with_the_models_scores_per_catego
         load_params={"label_map": {"insult": "harassment", "threat": "violence"}},
         is_default=False,
     )
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     texts = ["You are lovely.", "Something rather rude", "A neutral remark about the weather."]
     bodies = [{"model": model.name, "input": text} for text in texts]
-    with _requests_file(tmp_path / "moderations.jsonl", MODERATIONS, bodies).open("rb") as handle:
-        uploaded = client.files.create(file=handle, purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint=MODERATIONS, completion_window="24h")
-    batch = _wait(client, batch.id, ENDED, pipeline_workers)
+    batch = run_batch(
+        client, requests_file(tmp_path / "moderations.jsonl", MODERATIONS, bodies), MODERATIONS, pipeline_workers
+    )
 
     assert batch.status == "completed", batch
-    lines = {line["custom_id"]: line for line in _lines(client, batch.output_file_id)}
+    lines = {line["custom_id"]: line for line in batch_lines(client, batch.output_file_id)}
     engine = SequenceClassifierEngine(model.to_spec())
     engine.load(device="cpu")
     try:

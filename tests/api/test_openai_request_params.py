@@ -17,8 +17,8 @@ import pytest
 from gpuworkers.engines.transformers import TransformersEngine
 from portal.catalog.models import Model
 from tests.api.conftest import Caller
-from tests.api.test_openai_batches import ENDED, _client, _lines, _requests_file, _wait
 from tests.factories import ModelFactory
+from tests.support.openai_batches import batch_lines, openai_client, requests_file, run_batch
 from tests.support.tiny_models import build_tiny_causal_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -35,14 +35,6 @@ LINE_PARAMS: list[dict[str, Any]] = [
 
 
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
-
-
-def _run(client: openai.OpenAI, path: Path, endpoint: Any, workers: dict[str, Any]) -> Any:
-    """Upload ``path``, create a batch on it and wait (bounded) until it ends."""
-    with path.open("rb") as handle:
-        uploaded = client.files.create(file=handle, purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")
-    return _wait(client, batch.id, ENDED, workers)
 
 
 @pytest.fixture
@@ -79,15 +71,15 @@ def test_each_line_runs_with_its_own_params_as_the_engine_runs_it_alone(
     tiny_chat: Model,
     tmp_path: Path,
 ) -> None:
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     bodies = [
         {"model": tiny_chat.name, "messages": [{"role": "user", "content": f"Tell me about item {n}."}], **params}
         for n, params in enumerate(LINE_PARAMS)
     ]
-    batch = _run(client, _requests_file(tmp_path / "params.jsonl", CHAT, bodies), CHAT, pipeline_workers)
+    batch = run_batch(client, requests_file(tmp_path / "params.jsonl", CHAT, bodies), CHAT, pipeline_workers)
 
     assert batch.status == "completed", batch
-    lines = {line["custom_id"]: line for line in _lines(client, batch.output_file_id)}
+    lines = {line["custom_id"]: line for line in batch_lines(client, batch.output_file_id)}
     expected = _direct_answers(tiny_chat, bodies)
     for n, (params, answer) in enumerate(zip(LINE_PARAMS, expected, strict=True)):
         completion = openai.types.chat.ChatCompletion.model_validate(lines[f"req-{n}"]["response"]["body"])
@@ -111,14 +103,14 @@ def test_a_line_asking_for_a_json_schema_on_an_engine_without_structured_output_
     tiny_chat: Model,
     tmp_path: Path,
 ) -> None:
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
     bodies = [
         {"model": tiny_chat.name, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3},
         {"model": tiny_chat.name, "messages": [{"role": "user", "content": "JSON?"}], "response_format": schema},
         {"model": tiny_chat.name, "messages": [{"role": "user", "content": "Tools?"}], "logprobs": True},
     ]
-    batch = _run(client, _requests_file(tmp_path / "refused.jsonl", CHAT, bodies), CHAT, pipeline_workers)
+    batch = run_batch(client, requests_file(tmp_path / "refused.jsonl", CHAT, bodies), CHAT, pipeline_workers)
 
     assert batch.status == "failed"
     assert batch.errors is not None and batch.errors.data is not None
@@ -135,7 +127,7 @@ def test_a_responses_batch_runs_each_input_as_a_conversation_and_answers_with_re
     tiny_chat: Model,
     tmp_path: Path,
 ) -> None:
-    client = _client(live_server, caller("acme"))
+    client = openai_client(live_server, caller("acme").key)
     bodies = [
         {"model": tiny_chat.name, "input": "Say something.", "max_output_tokens": 4},
         {"model": tiny_chat.name, "input": "Something else.", "instructions": "Be brief.", "max_output_tokens": 7},
@@ -145,10 +137,12 @@ def test_a_responses_batch_runs_each_input_as_a_conversation_and_answers_with_re
             "max_output_tokens": 5,
         },
     ]
-    batch = _run(client, _requests_file(tmp_path / "responses.jsonl", RESPONSES, bodies), RESPONSES, pipeline_workers)
+    batch = run_batch(
+        client, requests_file(tmp_path / "responses.jsonl", RESPONSES, bodies), RESPONSES, pipeline_workers
+    )
 
     assert batch.status == "completed", batch
-    lines = {line["custom_id"]: line for line in _lines(client, batch.output_file_id)}
+    lines = {line["custom_id"]: line for line in batch_lines(client, batch.output_file_id)}
     as_chat = [
         {"model": tiny_chat.name, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 4},
         {

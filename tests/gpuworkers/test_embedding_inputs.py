@@ -44,6 +44,24 @@ def alone(minilm: SentenceTransformersEngine, text: str) -> np.ndarray:
     return np.asarray(response["embedding"])
 
 
+def test_a_token_array_is_one_input_and_a_list_of_them_one_input_each(
+    minilm: SentenceTransformersEngine, counting: CountingEngine
+) -> None:
+    assert minilm._model is not None
+    ids = [minilm._model.tokenizer(text)["input_ids"] for text in SENTENCES[:3]]
+    records = [ids[0], ids[1:3], [ids[2]]]
+
+    single, listed, one_listed = EmbeddingInputs(counting).run_batch(records, {})  # type: ignore[arg-type]
+
+    assert counting.calls == [4]
+    np.testing.assert_allclose(single["embedding"], alone(minilm, SENTENCES[0]), atol=1e-5)
+    assert single["usage"] == {"prompt_tokens": len(ids[0])}
+    assert len(listed["embeddings"]) == 2 and listed["usage"] == {"prompt_tokens": len(ids[1]) + len(ids[2])}
+    for text, embedding in zip(SENTENCES[1:3], listed["embeddings"], strict=True):
+        np.testing.assert_allclose(embedding, alone(minilm, text), atol=1e-5)
+    np.testing.assert_allclose(one_listed["embeddings"][0], alone(minilm, SENTENCES[2]), atol=1e-5)
+
+
 def test_a_micro_batch_embeds_every_text_of_every_record_in_one_call(
     minilm: SentenceTransformersEngine, counting: CountingEngine
 ) -> None:
@@ -111,7 +129,7 @@ def test_a_record_of_texts_is_too_long_when_one_of_them_is_naming_which(minilm: 
     wrapped = EmbeddingInputs(minilm)
     messages = wrapped.too_long(records, {})
 
-    assert messages[0] is not None and messages[0].startswith("text 1 of the list: the input has 302 tokens")
+    assert messages[0] is not None and messages[0].startswith("input 1 of the list: the input has 302 tokens")
     assert messages[1] is not None and messages[1].startswith("the input has 302 tokens")
     assert messages[2] is None
     results = list(run_records(wrapped, [("a", records[0]), ("b", records[2])], params={}, micro_batch_size=4))

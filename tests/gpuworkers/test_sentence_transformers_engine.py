@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
 
 from gpuworkers.batching import run_records
@@ -87,19 +89,80 @@ def test_usage_counts_the_tokens_the_model_reads(engine: SentenceTransformersEng
     assert long["usage"] == {"prompt_tokens": 256}
 
 
+def test_usage_after_measuring_comes_from_the_measure_without_tokenizing_again(
+    engine: SentenceTransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = ["hello world", "word " * 1000, "GPUs are fast."]
+    expected = [response["usage"] for response in engine.run_batch(texts, {"truncate": True})]
+    counted: list[list[str]] = []
+    count = SentenceTransformersEngine._token_counts
+
+    def spy(model: Any, texts: list[str], **kwargs: Any) -> list[int]:
+        counted.append(texts)
+        return count(model, texts, **kwargs)
+
+    monkeypatch.setattr(SentenceTransformersEngine, "_token_counts", staticmethod(spy))
+
+    engine.too_long(texts, {})
+    responses = engine.run_batch(texts, {"truncate": True})
+    again = engine.run_batch(texts[:1], {})
+
+    assert [response["usage"] for response in responses] == expected
+    assert [response["usage"] for response in again] == expected[:1]
+    # Measured once for both; the run that no measure preceded counts its own.
+    assert counted == [texts, texts[:1]]
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (42, "the input must be a string, not int"),
+        (42, "the input must be a string or an array of token ids, not int"),
         ("", "the input is an empty string"),
         (None, "not NoneType"),
+        ([], "not list"),
+        ([101, 30522, 102], "token id 30522 is outside the model's vocabulary of 30522 ids"),
+        ([101, -1], "token id -1 is outside"),
     ],
 )
-def test_an_input_that_is_not_a_non_empty_string_raises(
+def test_an_input_that_is_not_a_non_empty_string_or_token_array_raises(
     engine: SentenceTransformersEngine, value: object, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         engine.run_batch(["fine", value], {})
+
+
+def test_a_token_array_embeds_as_the_text_it_tokenizes_and_counts_its_ids(engine: SentenceTransformersEngine) -> None:
+    assert engine._model is not None
+    ids = [engine._model.tokenizer(text)["input_ids"] for text in SENTENCES]
+    # Texts and arrays mixed in one micro-batch, each answered in its place.
+    inputs: list[Any] = [ids[0], SENTENCES[1], ids[2], ids[3]]
+
+    mixed = engine.run_batch(inputs, {"normalize": True, "batch_size": 2})
+    texts = engine.run_batch(SENTENCES, {"normalize": True})
+
+    for got, want in zip(mixed, texts, strict=True):
+        np.testing.assert_allclose(got["embedding"], want["embedding"], atol=1e-5)
+        assert got["usage"] == want["usage"]
+    assert mixed[0]["usage"] == {"prompt_tokens": len(ids[0])}
+
+
+def test_a_token_array_over_the_limit_is_too_long_unless_truncated_then_cut_as_a_text_is(
+    engine: SentenceTransformersEngine,
+) -> None:
+    assert engine._model is not None
+    text = "word " * 300
+    ids = engine._model.tokenizer(text)["input_ids"]
+
+    short, long = engine.too_long([[101, 102], ids], {})
+    [cut] = engine.run_batch([ids], {"truncate": True})
+    [from_text] = engine.run_batch([text], {"truncate": True})
+
+    assert (
+        short is None and long is not None and long.startswith("the input has 302 tokens; the model takes at most 256")
+    )
+    assert cut["usage"] == {"prompt_tokens": 256}
+    # The text's truncation keeps its end token; the array's cut does not: close, not equal.
+    assert cosine(list(cut["embedding"]), list(from_text["embedding"])) > 0.99
 
 
 def test_an_empty_batch_gives_no_responses(engine: SentenceTransformersEngine) -> None:
@@ -114,7 +177,7 @@ def test_a_bad_record_in_a_micro_batch_fails_alone(engine: SentenceTransformersE
     assert [result.error is None for result in results] == [True, False, True]
     assert results[1].error == {
         "code": "engine_error",
-        "message": "ValueError: the input must be a string, not dict",
+        "message": "ValueError: the input must be a string or an array of token ids, not dict",
     }
 
 

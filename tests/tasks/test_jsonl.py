@@ -79,20 +79,22 @@ def test_many_records_with_unique_ids_need_no_second_pass() -> None:
     assert len(opened) == 1
 
 
-TOKEN_IDS_REFUSED = (
-    "input holds token ids, which Batchery does not take: token ids belong to the client's tokenizer, "
-    "not the model's; send the texts instead"
-)
-
-
 @pytest.mark.parametrize(
     ("input_field", "value", "expected"),
     [
         ("input", {"x": 1}, "input must be a string, not an object"),
         ("input", [], "input must be a string or a non-empty array of strings, not an empty array"),
         ("input", ["a", 7.5], "input must hold strings; item 2 is a number"),
-        ("input", [101, 2023], TOKEN_IDS_REFUSED),
-        ("input", [[101, 2023]], TOKEN_IDS_REFUSED),
+        ("input", [101, -3], "input is a token array whose token 1 is negative (-3)"),
+        ("input", [[101], []], "input must hold token arrays alike; item 2 is an empty array"),
+        ("input", [[101], "a"], "input must hold token arrays alike; item 2 is a string"),
+        (
+            "input",
+            [[101], [1, "a"]],
+            "input must hold token arrays alike; item 2 is an array of something else than token ids",
+        ),
+        ("input", [[101], [2, -1]], "input must hold token arrays; the token 1 is negative (-1), in item 2"),
+        ("input", [[101]] * 2049, "input holds 2049 texts, over the limit of 2048 a record"),
         ("input", ["a"] * 2049, "input holds 2049 texts, over the limit of 2048 a record"),
         ("input", 7, "input must be a string, not a number"),
         ("input", None, "input must be a string, not null"),
@@ -114,6 +116,15 @@ def test_an_input_of_the_wrong_type_for_its_task_is_named_with_its_line(
     check = check_jsonl(lambda: _stream(lines), input_field=input_field)
     assert [str(problem) for problem in check.problems] == [f"line 2: {expected}"]
     assert check.records == 1
+
+
+def test_token_arrays_of_the_models_ids_are_inputs_of_an_embedding_model() -> None:
+    values = [[101, 7592, 102], [[101, 102], [101, 2088, 102]], [0]]
+    lines = [json.dumps({"custom_id": f"t{n}", "input": value}) for n, value in enumerate(values)]
+
+    check = check_jsonl(lambda: _stream(lines), input_field="input")
+
+    assert check.ok and check.records == 3
 
 
 def test_an_openai_request_body_with_the_wrong_input_type_is_named_too() -> None:

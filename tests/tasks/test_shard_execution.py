@@ -49,7 +49,7 @@ def test_an_attempt_writes_under_its_own_key_and_commits_its_manifest(spec: Shar
     assert read_commit(spec.shard_prefix) == manifest
     lines = [orjson.loads(line) for line in Path(manifest.output_uri.removeprefix("file://")).read_bytes().splitlines()]
     assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4"]
-    assert lines[2]["error"]["message"] == "ValueError: the input must be a string, not dict"
+    assert lines[2]["error"]["message"] == "ValueError: the input must be a string or an array of token ids, not dict"
     assert len(lines[0]["response"]["embedding"]) == 384
 
 

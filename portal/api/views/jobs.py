@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -79,6 +80,11 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     serializer_class = JobSerializer
     filterset_class = JobFilter
     parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        # The filters narrow the list. A job named by its id is found whatever the query string says, and
+        # building the filter set for it took a fifth of a status request's time.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # The page's live progress in one Redis round trip, not one per running job.

@@ -18,13 +18,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.audit.services import audit_record
-from portal.batches.formats import (
-    UnsupportedEndpoint,
-    convert_outputs,
-    endpoint_for,
-    problems_to_openai_errors,
-    system_fingerprint,
-)
+from portal.batches.formats.endpoints import UnsupportedEndpoint, endpoint_for
+from portal.batches.formats.input_file import problems_to_openai_errors
+from portal.batches.formats.output_file import convert_outputs, system_fingerprint
 from portal.batches.models import Batch, File
 from portal.batches.selectors import batch_status
 from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds

@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.batches.formats import RequestConversion, convert_requests, endpoint_for, problems_to_openai_errors
+from portal.batches.formats.endpoints import endpoint_for
+from portal.batches.formats.input_file import RequestConversion, convert_requests, problems_to_openai_errors
 from portal.batches.models import Batch, File
 from portal.catalog.models import Model
 from portal.catalog.selectors import newest_enabled_model

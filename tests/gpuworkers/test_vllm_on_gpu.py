@@ -1,0 +1,193 @@
+"""The vllm engine on the real vLLM, built on a tiny GPT-2; skipped, saying why, where vllm or a GPU is missing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuworkers.engines.vllm import VllmEngine
+from tests.support.tiny_models import build_tiny_causal_lm
+from tests.support.vllm_standins import vllm_spec
+
+PROMPTS = ["Hello", "A much longer prompt than the others", "x", "Medium prompt"]
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+
+
+def require_vllm_on_a_gpu() -> None:
+    pytest.importorskip("vllm", reason="vllm is not installed (the vllm extra goes on GPU hosts only)")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a CUDA GPU and torch sees none")
+
+
+def real_engine(directory: Path, task: str) -> VllmEngine:
+    # A small memory share and no CUDA graphs: a tiny model, loaded quickly, beside whatever else runs.
+    load_params = {"gpu_memory_utilization": 0.15, "enforce_eager": True, "max_model_len": 128}
+    engine = VllmEngine(vllm_spec(directory, task=task, load_params=load_params))
+    engine.load(device="cuda")
+    return engine
+
+
+@pytest.fixture(scope="module")
+def gpu_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_vllm_on_a_gpu()
+    directory = build_tiny_causal_lm(tmp_path_factory.mktemp("tiny-gpt2-vllm"))
+    from transformers import AutoTokenizer
+
+    # The tiny tokenizer has no chat template, which LLM.chat needs.
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# One class per task, so that each engine is unloaded (class-scoped fixture) before the next one loads.
+
+
+class TestGenerateOnAGpu:
+    @pytest.fixture(scope="class")
+    def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
+        engine = real_engine(gpu_model_dir, "generate")
+        yield engine
+        engine.unload()
+
+    def test_each_prompt_gets_one_completion_with_its_usage(self, engine: VllmEngine) -> None:
+        responses = engine.run_batch(PROMPTS, {"max_tokens": 6, "temperature": 0})
+
+        assert len(responses) == len(PROMPTS)
+        for prompt, response in zip(PROMPTS, responses, strict=True):
+            assert isinstance(response["text"], str)
+            assert response["finish_reason"] in ("stop", "length")
+            # The tiny tokenizer has one token per character and adds no special tokens.
+            assert response["usage"]["prompt_tokens"] == len(prompt)
+            assert 1 <= response["usage"]["completion_tokens"] <= 6
+
+    def test_batched_greedy_completions_equal_one_at_a_time_in_input_order(self, engine: VllmEngine) -> None:
+        alone = [engine.run_batch([prompt], {"max_tokens": 8, "temperature": 0})[0] for prompt in PROMPTS]
+
+        assert engine.run_batch(PROMPTS, {"max_tokens": 8, "temperature": 0}) == alone
+
+    def test_n_samples_come_back_as_choices(self, engine: VllmEngine) -> None:
+        [response] = engine.run_batch(["Hello"], {"max_tokens": 4, "temperature": 1.0, "n": 3, "seed": 1})
+
+        assert [choice["index"] for choice in response["choices"]] == [0, 1, 2]
+        assert response["text"] == response["choices"][0]["text"]
+
+    def test_logprobs_come_per_generated_token(self, engine: VllmEngine) -> None:
+        params = {"max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+        [response] = engine.run_batch(["Hello"], params)
+
+        content = response["logprobs"]["content"]
+        assert len(content) == response["usage"]["completion_tokens"]
+        assert all(len(token["top_logprobs"]) == 2 for token in content)
+
+    def test_the_engine_reports_its_share_of_the_gpu(self, engine: VllmEngine) -> None:
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        assert engine.memory_bytes() == int(0.15 * total)
+
+
+class TestChatOnAGpu:
+    @pytest.fixture(scope="class")
+    def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
+        engine = real_engine(gpu_model_dir, "chat")
+        yield engine
+        engine.unload()
+
+    def test_each_conversation_gets_one_reply(self, engine: VllmEngine) -> None:
+        conversations = [
+            [{"role": "user", "content": "Hi"}],
+            [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Why?"}],
+        ]
+
+        responses = engine.run_batch(conversations, {"max_tokens": 5, "temperature": 0})
+
+        assert len(responses) == 2
+        # The template renders "role: content\n" per message.
+        assert [response["usage"]["prompt_tokens"] for response in responses] == [len("user: Hi\n"), 28]
+
+    def test_each_reply_held_to_its_own_json_schema_parses_and_validates(self, engine: VllmEngine) -> None:
+        import jsonschema
+
+        schemas = [
+            {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}},
+                "required": ["ok", "tag"],
+            },
+        ]
+        params = [
+            {
+                "max_tokens": 60,
+                "temperature": 0.8,
+                "seed": n,
+                "response_format": {"type": "json_schema", "json_schema": {"name": f"s{n}", "schema": schema}},
+            }
+            for n, schema in enumerate(schemas)
+        ] + [{"max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}]
+        conversations = [[{"role": "user", "content": f"Answer {n}"}] for n in range(len(params))]
+
+        responses = engine.run_requests(conversations, params)
+
+        for schema, response in zip(schemas, responses, strict=False):
+            jsonschema.validate(json.loads(response["text"]), schema)
+        assert isinstance(json.loads(responses[2]["text"]), dict)
+
+    def test_required_tool_calls_come_back_as_calls_of_the_tools(self, engine: VllmEngine) -> None:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 8}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ]
+        params = {
+            "tools": tools,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 60,
+            "temperature": 0,
+        }
+
+        [response] = engine.run_batch([[{"role": "user", "content": "Weather?"}]], params)
+
+        assert response["finish_reason"] == "tool_calls"
+        [call] = response["tool_calls"]
+        assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+
+
+class TestEmbedOnAGpu:
+    @pytest.fixture(scope="class")
+    def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
+        engine = real_engine(gpu_model_dir, "embed")
+        yield engine
+        engine.unload()
+
+    def test_each_text_gets_one_embedding_of_the_models_width(self, engine: VllmEngine) -> None:
+        responses = engine.run_batch(["Hello", "A longer text"], {})
+
+        assert [response["embedding"].shape for response in responses] == [(32,), (32,)]
+        assert [response["usage"]["prompt_tokens"] for response in responses] == [5, 13]
+
+    def test_a_token_array_embeds_as_the_text_it_tokenizes(self, engine: VllmEngine, gpu_model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        ids = AutoTokenizer.from_pretrained(gpu_model_dir)("A longer text")["input_ids"]
+
+        from_text, from_ids = engine.run_batch(["A longer text", ids], {})
+
+        np.testing.assert_allclose(from_ids["embedding"], from_text["embedding"], atol=1e-3)
+        assert from_ids["usage"] == {"prompt_tokens": len(ids)}

@@ -1,0 +1,53 @@
+"""Stand-ins for the vllm engine's tests: a catalog spec for a vllm model, and objects with the attributes of
+vLLM's outputs (vllm/outputs.py, vllm/logprobs.py), for the engine's pure functions and a stand-in ``vllm``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuworkers.spec import ModelSpec
+
+
+def vllm_spec(source: Path | str, **changes: object) -> ModelSpec:
+    fields: dict[str, object] = {
+        "name": "tiny-gpt2",
+        "version": "1",
+        "engine": "vllm",
+        "task": "generate",
+        "source": str(source),
+    }
+    return ModelSpec(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = "length"
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int] | None
+    outputs: list[CompletionOutput]
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
