@@ -100,7 +100,7 @@ class Command(BaseCommand):
             "--metrics-sentences", type=int, default=6_000, help="job size of the metrics on/off comparison (0: skip)"
         )
         parser.add_argument(
-            "--metrics-rounds", type=int, default=2, help="off/on pairs of the comparison; medians are compared"
+            "--metrics-rounds", type=int, default=4, help="off/on pairs of the comparison; medians are compared"
         )
         parser.add_argument(
             "--fairness-slots", type=int, default=4, help="CPU slots of the scheduler's fairness run (0: skip)"
