@@ -236,7 +236,7 @@ class Command(BaseCommand):
         bare = bare_loop_rate(sentences, source=model.source, batch_size=batch_size)
         cores = os.cpu_count() or 1
         self.stdout.write(f"bare limit: {cores} single-thread processes at once, a share of the sentences each ...")
-        limit = bare_limit_rate(sentences, source=model.source, batch_size=batch_size, processes=cores)
+        limit_before = bare_limit_rate(sentences, source=model.source, batch_size=batch_size, processes=cores)
 
         stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=options["cpu_slots"], logs_to_files=True))
         stack.start()
@@ -260,6 +260,11 @@ class Command(BaseCommand):
                 large = first_result(tenant=tenant, model_name=model.name, path=path)
         finally:
             stack.stop()
+        # Measured again after the stack, and the two averaged: this machine's speed drifts by several
+        # percent over minutes, and a baseline from one side of the run alone would count the drift.
+        self.stdout.write("bare limit again, after the stack ...")
+        limit_after = bare_limit_rate(sentences, source=model.source, batch_size=batch_size, processes=cores)
+        limit = (limit_before + limit_after) / 2
         stack_rate = job.succeeded_records / elapsed
         compute = job.shards.aggregate(total=Sum("compute_seconds"))["total"] or 0.0
         self.stdout.write("")
@@ -269,7 +274,10 @@ class Command(BaseCommand):
         )
         slots = job.shards.values("worker").distinct().count()
         self.stdout.write(f"bare model loop      {bare:8.1f} records/s  (one process, torch's default threads)")
-        self.stdout.write(f"bare limit           {limit:8.1f} records/s  ({cores} single-thread processes at once)")
+        self.stdout.write(
+            f"bare limit           {limit:8.1f} records/s  ({cores} single-thread processes at once; "
+            f"{limit_before:.1f} before the stack, {limit_after:.1f} after)"
+        )
         self.stdout.write(
             f"ratio to the limit   {stack_rate / limit:8.3f}  (stack on {slots} slots / bare limit; target >= 0.95 "
             "at 20,000 and 100,000 records, >= 0.90 at 6,000)"
