@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
+from portal.catalog.models import Model
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Tenant
-from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.factories import MembershipFactory, ModelFactory, TenantFactory, UserFactory
+from tests.support.tiny_models import build_tiny_causal_lm
 
 
 @dataclass
@@ -40,3 +43,15 @@ def caller(db: None) -> Callable[..., Caller]:
         return make_caller(found, role, username)
 
     return make
+
+
+@pytest.fixture
+def tiny_chat(db: None, tmp_path: Path) -> Model:
+    """A tiny GPT-2 saved by the test, registered as chat model ``tiny-chat`` on the transformers engine."""
+    return ModelFactory(
+        name="tiny-chat",
+        engine=Model.Engine.TRANSFORMERS,
+        task=Model.Task.CHAT,
+        source=str(build_tiny_causal_lm(tmp_path / "tiny-chat")),
+        is_default=False,
+    )

@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-from portal.catalog.models import Model
 from tests.api.conftest import Caller
-from tests.factories import ModelFactory
 from tests.support.openai_batches import ENDED
-from tests.support.tiny_models import build_tiny_causal_lm
 
 # LiteLLM fetches its price list from GitHub when imported unless told to use the copy it ships.
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -109,16 +106,8 @@ def test_litellm_runs_a_chat_completions_batch_to_completion(
     pipeline_workers: dict[str, Any],
     caller: Callable[..., Caller],
     write_jsonl: Callable[..., Path],
-    tmp_path: Path,
+    tiny_chat: Any,
 ) -> None:
-    model_dir = build_tiny_causal_lm(tmp_path / "tiny-chat")
-    ModelFactory(
-        name="tiny-chat",
-        engine=Model.Engine.TRANSFORMERS,
-        task=Model.Task.CHAT,
-        source=str(model_dir),
-        is_default=False,
-    )
     provider = _provider(live_server, caller("acme"))
     bodies = [
         {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Question {n}?"}], "max_tokens": 5}

@@ -15,7 +15,6 @@ from portal.catalog.models import Model
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
 from tests.support.openai_batches import ENDED, batch_lines, openai_client, requests_file, run_batch, wait_for_batch
-from tests.support.tiny_models import build_tiny_causal_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -96,16 +95,8 @@ def test_an_embeddings_batch_of_lists_and_token_arrays_with_dimensions_gives_eac
 
 
 def test_a_chat_completions_batch_completes_on_a_tiny_generation_model(
-    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tmp_path: Path
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tiny_chat: Model, tmp_path: Path
 ) -> None:
-    model_dir = build_tiny_causal_lm(tmp_path / "tiny-chat")
-    ModelFactory(
-        name="tiny-chat",
-        engine=Model.Engine.TRANSFORMERS,
-        task=Model.Task.CHAT,
-        source=str(model_dir),
-        is_default=False,
-    )
     client = openai_client(live_server, caller("acme").key)
     bodies = [
         {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Question {n}?"}], "max_tokens": 5}

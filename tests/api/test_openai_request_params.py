@@ -17,9 +17,7 @@ import pytest
 from gpuworkers.engines.transformers import TransformersEngine
 from portal.catalog.models import Model
 from tests.api.conftest import Caller
-from tests.factories import ModelFactory
 from tests.support.openai_batches import batch_lines, openai_client, requests_file, run_batch
-from tests.support.tiny_models import build_tiny_causal_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -35,18 +33,6 @@ LINE_PARAMS: list[dict[str, Any]] = [
 
 
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
-
-
-@pytest.fixture
-def tiny_chat(tmp_path: Path) -> Model:
-    model_dir = build_tiny_causal_lm(tmp_path / "tiny-params")
-    return ModelFactory(
-        name="tiny-params",
-        engine=Model.Engine.TRANSFORMERS,
-        task=Model.Task.CHAT,
-        source=str(model_dir),
-        is_default=False,
-    )
 
 
 def _direct_answers(model: Model, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
