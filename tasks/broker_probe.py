@@ -63,19 +63,18 @@ def pending_task_ids(queues: Iterable[str]) -> BrokerView | None:
     found: set[str] = set()
     unacked: set[str] = set()
     try:
-        for queue in queues:
-            for key in client.scan_iter(match=f"{queue}*", count=SCAN_CHUNK):
-                name = key.decode() if isinstance(key, bytes) else key
-                if name != queue and not name.startswith(queue + PRIORITY_SEPARATOR):
-                    continue
-                if client.type(key) not in (b"list", "list"):
-                    continue
-                length = client.llen(key)
-                for start in range(0, length, SCAN_CHUNK):
-                    for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
-                        task_id = _task_id(raw)
-                        if task_id:
-                            found.add(task_id)
+        # The queue's own lists, named, not found by a SCAN: a scan walks every key in the database (a lease
+        # and a progress hash per running shard), so its cost grew with the fleet, not with the queues.
+        keys = [key for queue in queues for key in priority_lists(queue)]
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        for key, length in zip(keys, pipe.execute(), strict=True):
+            for start in range(0, length, SCAN_CHUNK):
+                for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
+                    task_id = _task_id(raw)
+                    if task_id:
+                        found.add(task_id)
         for _, raw in client.hscan_iter("unacked", count=SCAN_CHUNK):
             task_id = _task_id(raw)
             if task_id:

@@ -24,7 +24,7 @@ EMBEDDING_FIELDS = frozenset({"dimensions", "encoding_format"})
 _FIELDS: Mapping[tuple[str, str], frozenset[str]] = {
     ("vllm", "generate"): SAMPLING_FIELDS | {"response_format"},
     ("vllm", "chat"): SAMPLING_FIELDS | {"response_format", "tools", "tool_choice", "parallel_tool_calls"},
-    ("vllm", "embed"): EMBEDDING_FIELDS,
+    ("vllm", "embed"): EMBEDDING_FIELDS | {"truncate"},
     ("transformers", "generate"): GenerationParams.FIELDS,
     ("transformers", "chat"): GenerationParams.FIELDS,
     ("sentence_transformers", "embed"): EMBEDDING_FIELDS | {"batch_size", "normalize", "truncate"},
@@ -32,11 +32,12 @@ _FIELDS: Mapping[tuple[str, str], frozenset[str]] = {
 }
 
 
-def check_request_params(engine: str, task: str, params: Mapping[str, Any]) -> None:
+def check_request_params(engine: str, task: str, params: Mapping[str, Any], *, tool_parser: str | None = None) -> None:
     """Raise `ParamError` naming the first field of ``params`` that ``engine`` cannot honour for ``task``.
 
     An engine of user code (``python``) reads what it likes, so its params are not judged. A field set to
-    null is left out, as OpenAI's clients send it.
+    null is left out, as OpenAI's clients send it. `tool_parser`: the model's vLLM tool parser, which
+    ``tool_choice`` ``auto`` needs.
     """
     known = _FIELDS.get((engine, task))
     if known is None:
@@ -60,6 +61,6 @@ def check_request_params(engine: str, task: str, params: Mapping[str, Any]) -> N
             )
     if engine == "vllm" and task != "embed":
         sampling_kwargs(given)
-        reply_format(given, tool_calls(given) if task == "chat" else None)
+        reply_format(given, tool_calls(given, tool_parser=tool_parser) if task == "chat" else None)
     elif engine == "transformers" and task != "classify":
         GenerationParams.from_mapping(given)

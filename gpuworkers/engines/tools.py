@@ -1,11 +1,13 @@
-"""Tool calls by constrained decoding: OpenAI's ``tools`` with ``tool_choice`` ``required`` or a named function.
+"""Tool calls: OpenAI's ``tools`` with ``tool_choice`` ``required``, a named function, or ``auto``.
 
 A model's own tool-call syntax differs from family to family, and reading it back needs a parser written for
-that family. Constrained decoding needs none: the reply is held to a JSON Schema of the calls (as vLLM's own
-server does for these two choices), so any model vLLM serves can call tools, and the calls always parse.
-``tool_choice`` ``auto``, where the model decides in its own syntax whether to call at all, needs that
-parser and is refused; ``none`` is plain text. The tools also go to the chat template, which tells the model
-what it may call.
+that family. Constrained decoding needs none: for ``required`` and a named function the reply is held to a
+JSON Schema of the calls (as vLLM's own server does for these two choices), so any model vLLM serves can call
+tools, and the calls always parse. ``tool_choice`` ``auto`` (the default with tools), where the model decides
+in its own syntax whether to call at all, is read back by vLLM's tool parser for the model's family, named
+by its catalog entry (load param ``tool_call_parser``, as vLLM's ``--tool-call-parser``); for a model whose
+entry names none it is refused. ``none`` is plain text. The tools also go to the chat template, which tells
+the model what it may call.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ class ToolCalls:
 
     tools: tuple[dict[str, Any], ...]
     """The request's tools, as given: the chat template renders them."""
-    schema: dict[str, Any]
-    """The JSON Schema the reply is held to."""
+    schema: dict[str, Any] | None
+    """The JSON Schema the reply is held to; None for ``auto``: the model replies in its own syntax."""
     named: str | None
     """The function ``tool_choice`` names: the reply is its arguments alone. None: a list of calls."""
+    parser: str | None = None
+    """``auto``: the vLLM tool parser that reads the calls back from the model's own syntax."""
 
     def calls(self, text: str) -> list[dict[str, str]] | None:
         """The calls a reply holds, each ``{"name", "arguments"}`` (arguments as JSON text), or None where
-        the reply is not whole JSON (decoding stopped at ``max_tokens``)."""
+        the reply is not whole JSON (decoding stopped at ``max_tokens``). Not for ``auto``: its parser reads it."""
         try:
             parsed = json.loads(text)
         except ValueError:
@@ -53,11 +57,12 @@ class ToolCalls:
         ]
 
 
-def tool_calls(params: Mapping[str, Any]) -> ToolCalls | None:
+def tool_calls(params: Mapping[str, Any], *, tool_parser: str | None = None) -> ToolCalls | None:
     """What ``tools`` and ``tool_choice`` ask of decoding; None when the reply is plain text.
 
-    Raises `ParamError` naming the field for a shape OpenAI would refuse, and for ``tool_choice`` ``auto``
-    (the default with tools), which needs the model's own tool-call parser.
+    `tool_parser` is the model's vLLM tool parser (its catalog entry's ``tool_call_parser``). Raises
+    `ParamError` naming the field for a shape OpenAI would refuse, and for ``tool_choice`` ``auto`` (the
+    default with tools) where the model has no tool parser.
     """
     tools, choice = params.get("tools"), params.get("tool_choice")
     parallel = params.get("parallel_tool_calls")
@@ -69,11 +74,14 @@ def tool_calls(params: Mapping[str, Any]) -> ToolCalls | None:
         return None
     checked = _checked_tools(tools)
     if choice is None or choice == "auto":
-        raise ParamError(
-            "tool_choice",
-            "tool_choice 'auto' (the default with tools) needs the model's own tool-call parser, which is not "
-            "run here; ask for 'required', or name a function, and the calls are decoded to the tools' schemas",
-        )
+        if tool_parser is None:
+            raise ParamError(
+                "tool_choice",
+                "tool_choice 'auto' (the default with tools) needs the model's own tool-call parser, and this "
+                "model's catalog entry names none (load param tool_call_parser); ask for 'required', or name a "
+                "function, and the calls are decoded to the tools' schemas",
+            )
+        return ToolCalls(tools=checked, schema=None, named=None, parser=tool_parser)
     if choice == "none":
         return None
     if choice == "required":
@@ -100,7 +108,7 @@ def reply_format(params: Mapping[str, Any], calls: ToolCalls | None) -> dict[str
         return structured
     if structured is not None:
         raise ParamError("response_format", "response_format cannot be asked beside tool calls: both shape the reply")
-    return {"json": calls.schema}
+    return None if calls.schema is None else {"json": calls.schema}
 
 
 def _checked_tools(tools: Any) -> tuple[dict[str, Any], ...]:

@@ -30,6 +30,13 @@ from gpuworkers.engines.base import EngineLoadError, over_limit, require_embeddi
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
+from gpuworkers.engines.vllm_tools import (
+    auto_request,
+    read_auto_calls,
+    sampling_changes,
+    tool_parser,
+    tool_parser_class,
+)
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
@@ -54,11 +61,13 @@ class VllmEngine:
     """Runs a vLLM model; load once per worker process, then call `run_batch` per micro-batch.
 
     Params of `run_batch` (generate, chat): OpenAI's request fields, see `sampling_kwargs`,
-    ``response_format`` (`structured_output`), and for chat ``tools`` with ``tool_choice`` ``required`` or
-    a named function (`gpuworkers.engines.tools`); `run_requests` takes them per prompt. Embeddings take no
-    params. Load params: ``dtype`` (``auto``), ``max_model_len`` (the
-    model's), ``gpu_memory_utilization`` (0.9), and any other keyword argument of ``vllm.LLM``
-    (``enforce_eager``, ``quantization``, ``trust_remote_code``...), passed through as given.
+    ``response_format`` (`structured_output`), and for chat ``tools`` with any ``tool_choice``
+    (`gpuworkers.engines.tools`; ``auto`` needs a tool parser); `run_requests` takes them per prompt.
+    Embeddings take ``truncate`` (an input longer than ``max_model_len`` is cut to its first tokens instead of
+    refused by `too_long`). Load params: ``dtype`` (``auto``), ``max_model_len`` (the
+    model's), ``gpu_memory_utilization`` (0.9), ``tool_call_parser`` (the name of vLLM's tool parser for the
+    model's family, for ``tool_choice`` ``auto``; none by default), and any other keyword argument of
+    ``vllm.LLM`` (``enforce_eager``, ``quantization``, ``trust_remote_code``...), passed through as given.
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -66,6 +75,7 @@ class VllmEngine:
         # Any: vllm is an optional extra, absent where the type checker runs.
         self._vllm: Any = None
         self._llm: Any = None
+        self._tool_parser: Any = None
         self._memory_bytes = 0
 
     def load(self, *, device: str) -> None:
@@ -85,6 +95,9 @@ class VllmEngine:
             kwargs.update(embed_runner_kwargs(_parameter_names(vllm.LLM)))
         kwargs.update(engine_kwargs(self.spec.load_params))
         kwargs["model"] = str(resolve_model_source(self.spec.source))
+        # Found before the model loads: a name vLLM does not know fails at once, holding no GPU memory.
+        parser_name = self.spec.load_params.get("tool_call_parser")
+        parser_class = None if parser_name is None else tool_parser_class(parser_name)
         forbid_hub_downloads()
         try:
             llm = vllm.LLM(**kwargs)
@@ -94,6 +107,7 @@ class VllmEngine:
             raise EngineLoadError(
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
+        self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
         self._vllm, self._llm = vllm, llm
         self._memory_bytes = _device_share_bytes(kwargs["gpu_memory_utilization"])
 
@@ -111,27 +125,41 @@ class VllmEngine:
         if not items:
             return []
         if self.spec.task == "embed":
+            tokenizer = llm.get_tokenizer()
+            cut = [own.get("truncate") is True for own in params]
+            limit = int(llm.llm_engine.model_config.max_model_len) if any(cut) else None
             prompts = [
-                # A token array goes in as vLLM's TokensPrompt: the model's ids, taken as given.
-                item if isinstance(item, str) else {"prompt_token_ids": item}
-                for item in require_embedding_inputs(items, len(llm.get_tokenizer()))
+                _embedding_prompt(item, tokenizer, limit if truncate else None)
+                for item, truncate in zip(require_embedding_inputs(items, len(tokenizer)), cut, strict=True)
             ]
             embeddings = [embedding_response(output) for output in llm.embed(prompts, use_tqdm=False)]
             publish_vllm_metrics(llm)
             return embeddings
         kwargs = [sampling_kwargs(own) for own in params]
-        calls = [tool_calls(own) if self.spec.task == "chat" else None for own in params]
+        chat = self.spec.task == "chat"
+        parser_name = self.spec.load_params.get("tool_call_parser") if self._tool_parser is not None else None
+        calls = [tool_calls(own, tool_parser=parser_name) if chat else None for own in params]
+        conversations = [require_messages(item) for item in items] if chat else []
+        # tool_choice auto: the request the model's tool parser reads the reply against, one per prompt.
+        requests: list[Any] = [None] * len(items)
+        for index, call in enumerate(calls):
+            if call is not None and call.parser is not None:
+                requests[index] = auto_request(
+                    self._tool_parser, model=self.spec.name, messages=conversations[index], tools=call.tools
+                )
         sampling_params = [
-            self._sampling_params(own_kwargs, reply_format(own, call))
-            for own_kwargs, own, call in zip(kwargs, params, calls, strict=True)
+            self._sampling_params(
+                {**own_kwargs, **(sampling_changes(request) if request is not None else {})}, reply_format(own, call)
+            )
+            for own_kwargs, own, call, request in zip(kwargs, params, calls, requests, strict=True)
         ]
         if self.spec.task == "generate":
             outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False)
         else:
-            outputs = _chat(llm, [require_messages(item) for item in items], sampling_params, calls)
+            outputs = _chat(llm, conversations, sampling_params, calls)
         responses = [
-            _with_tool_calls(completion_response(output, top_logprobs=own_kwargs.get("logprobs")), call)
-            for output, own_kwargs, call in zip(outputs, kwargs, calls, strict=True)
+            self._with_tool_calls(completion_response(output, top_logprobs=own_kwargs.get("logprobs")), call, request)
+            for output, own_kwargs, call, request in zip(outputs, kwargs, calls, requests, strict=True)
         ]
         publish_vllm_metrics(llm)
         return responses
@@ -150,7 +178,7 @@ class VllmEngine:
                 len(tokenizer(item)["input_ids"]) if isinstance(item, str) else len(item)
                 for item in require_embedding_inputs(list(inputs), len(tokenizer))
             ]
-            return over_limit(counts, limit, truncatable=False)
+            return over_limit(counts, limit)
         max_tokens = sampling_kwargs(params).get("max_tokens", DEFAULT_MAX_TOKENS)
         if self.spec.task == "generate":
             texts = _require_texts(list(inputs))
@@ -179,13 +207,26 @@ class VllmEngine:
             return self._vllm.SamplingParams(**kwargs, structured_outputs=module.StructuredOutputsParams(**structured))
         return self._vllm.SamplingParams(**kwargs, guided_decoding=module.GuidedDecodingParams(**structured))
 
+    def _with_tool_calls(self, response: dict[str, Any], calls: ToolCalls | None, request: Any) -> dict[str, Any]:
+        """Each sample's reply read back as tool calls (``tool_calls``, finish_reason ``tool_calls``): by the
+        model's tool parser for ``auto``, as the JSON it was held to otherwise, where a reply cut before its
+        JSON ended keeps its text and finish_reason ``length``."""
+        if calls is None:
+            return response
+        for sample in [response, *response.get("choices", ())]:
+            if request is not None:
+                read_auto_calls(sample, self._tool_parser, request)
+            elif parsed := calls.calls(sample["text"]):
+                sample.update(text="", tool_calls=parsed, finish_reason="tool_calls")
+        return response
+
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
     def unload(self) -> None:
         if self._llm is None:
             return
-        self._llm = self._vllm = None
+        self._llm = self._vllm = self._tool_parser = None
         self._memory_bytes = 0
         # vLLM's finalizers stop its engine-core process once the LLM is unreachable; collect it now.
         gc.collect()
@@ -221,16 +262,15 @@ def _chat(llm: Any, conversations: list[Any], sampling_params: list[Any], calls:
     return outputs
 
 
-def _with_tool_calls(response: dict[str, Any], calls: ToolCalls | None) -> dict[str, Any]:
-    """Each sample's reply read back as tool calls (``tool_calls``, finish_reason ``tool_calls``); a reply
-    cut before its JSON ended keeps its text and finish_reason ``length``."""
-    if calls is None:
-        return response
-    for sample in [response, *response.get("choices", ())]:
-        parsed = calls.calls(sample["text"])
-        if parsed:
-            sample.update(text="", tool_calls=parsed, finish_reason="tool_calls")
-    return response
+def _embedding_prompt(item: str | list[int], tokenizer: Any, truncate_at: int | None) -> Any:
+    """One input as vLLM embeds it: a text as given, a token array as a TokensPrompt (the model's ids, taken as
+    given). With ``truncate``, its first `truncate_at` tokens, as sentence-transformers cuts (the tokenizer
+    keeps the special tokens around them); vLLM's own ``truncate_prompt_tokens`` would keep the last ones."""
+    if truncate_at is None:
+        return item if isinstance(item, str) else {"prompt_token_ids": item}
+    if isinstance(item, str):
+        return {"prompt_token_ids": tokenizer(item, truncation=True, max_length=truncate_at)["input_ids"]}
+    return {"prompt_token_ids": item[:truncate_at]}
 
 
 def tensor_parallel_size(spec: ModelSpec, visible_devices: str | None) -> int:
@@ -274,6 +314,8 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
             "and the slot's GPUs), not by the catalog"
         )
     kwargs = dict(load_params)
+    # The engine's own (gpuworkers.engines.vllm_tools), not an argument of vllm.LLM.
+    kwargs.pop("tool_call_parser", None)
     utilization = kwargs.setdefault("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
     if isinstance(utilization, bool) or not isinstance(utilization, int | float) or not 0 < utilization <= 1:
         raise EngineLoadError(f"gpu_memory_utilization must be a number in (0, 1], not {utilization!r}")

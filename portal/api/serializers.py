@@ -38,6 +38,7 @@ _DATETIME = serializers.DateTimeField()
 
 _PK_PLACEHOLDER = uuid.UUID(int=0)
 """Stands for a job's id in a link reversed once for all jobs."""
+_PK_TEXT = str(_PK_PLACEHOLDER)
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -88,9 +89,11 @@ class JobSerializer(serializers.ModelSerializer):
         # DRF's generic path walks a field object per field: on a page of 50 jobs that was most of the list's
         # time. The same values, read directly; a test holds it equal to the generic path.
         job = instance
+        pk = str(job.id)  # formatted once: a page of 50 jobs formatted ids 300 times
         when = _DATETIME.to_representation
+        links = job.is_finished and bool(job.shard_count)
         return {
-            "id": str(job.id),
+            "id": pk,
             "status": job.status,
             "error": job.error,
             "model": job.model.name,
@@ -109,9 +112,9 @@ class JobSerializer(serializers.ModelSerializer):
             "succeeded_records": job.succeeded_records,
             "failed_records": job.failed_records,
             "retry_round": job.retry_round,
-            "progress": self.get_progress(job),
-            "output_url": self.get_output_url(job),
-            "errors_url": self.get_errors_url(job),
+            "progress": self._progress(job, pk),
+            "output_url": self._link("output", pk) if links else None,
+            "errors_url": self._link("errors", pk) if links else None,
             "deadline_at": None if job.deadline_at is None else when(job.deadline_at),
             "created_at": None if job.created_at is None else when(job.created_at),
             "started_at": None if job.started_at is None else when(job.started_at),
@@ -120,7 +123,10 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:
-        progress = job_progress(job, self.context.get("live_progress", {}).get(str(job.pk)))
+        return self._progress(job, str(job.pk))
+
+    def _progress(self, job: Job, pk: str) -> dict[str, Any]:
+        progress = job_progress(job, self.context.get("live_progress", {}).get(pk))
         return {
             "total": progress.total,
             "done": progress.done,
@@ -128,23 +134,21 @@ class JobSerializer(serializers.ModelSerializer):
             "fraction": progress.fraction,
         }
 
-    def _link(self, job: Job, name: str) -> str | None:
-        if not job.is_finished or not job.shard_count:
-            return None
+    def _link(self, name: str, pk: str) -> str:
         templates = self._link_templates
         if name not in templates:
             path = reverse(f"api:job-{name}", kwargs={"pk": _PK_PLACEHOLDER})
             request = self.context.get("request")
             templates[name] = request.build_absolute_uri(path) if request is not None else path
-        return templates[name].replace(str(_PK_PLACEHOLDER), str(job.pk))
+        return templates[name].replace(_PK_TEXT, pk)
 
     @extend_schema_field(serializers.URLField(allow_null=True))
     def get_output_url(self, job: Job) -> str | None:
-        return self._link(job, "output")
+        return self._link("output", str(job.pk)) if job.is_finished and job.shard_count else None
 
     @extend_schema_field(serializers.URLField(allow_null=True))
     def get_errors_url(self, job: Job) -> str | None:
-        return self._link(job, "errors")
+        return self._link("errors", str(job.pk)) if job.is_finished and job.shard_count else None
 
 
 class ParamsField(serializers.JSONField):

@@ -81,6 +81,12 @@ class Model(models.Model):
     def __str__(self) -> str:
         return f"{self.name}@{self.version}"
 
+    @property
+    def tool_parser(self) -> str | None:
+        """The vLLM tool parser that reads this model's own tool-call syntax (``tool_choice`` ``auto``), if any."""
+        name = self.load_params.get("tool_call_parser") if self.engine == Model.Engine.VLLM else None
+        return name if isinstance(name, str) else None
+
     def dimensions_problem(self, dimensions: Any) -> str | None:
         """What is wrong with a request's ``dimensions`` (a shortened embedding's size) for this model; None if nothing.
 

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
+from portal.ops.bench_job import timed_job
 from portal.ops.embedded import free_port
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
@@ -62,9 +63,7 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
                     _scrape(f"http://127.0.0.1:{port}/metrics")
 
             threading.Thread(target=scrape_every_second, daemon=True).start()
-        started = time.perf_counter()
-        job = watch_job(job_submit(tenant=tenant, model_name=model, input_uri=str(dataset)), poll_s=0.2)
-        elapsed = time.perf_counter() - started
+        job, elapsed = timed_job(tenant=tenant, model_name=model, dataset=dataset)
     finally:
         stop.set()
         stack.stop()

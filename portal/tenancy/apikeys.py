@@ -17,6 +17,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from portal.audit.services import audit_record
+from portal.tenancy import key_cache
 from portal.tenancy.models import ApiKey, Membership, Tenant
 
 KEY_PREFIX = "bk"
@@ -64,18 +65,25 @@ def apikey_authenticate(plaintext: str) -> ApiKey | None:
     parts = plaintext.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         return None
-    # The user's role in the key's tenant comes in the same query (`access_for_key` reads it): one round
-    # trip for every API request's authentication, not two.
-    role = Membership.objects.filter(user_id=OuterRef("user_id"), tenant_id=OuterRef("tenant_id")).values("role")
-    found = ApiKey.objects.select_related("tenant", "user").annotate(member_role=Subquery(role[:1]))
-    key = found.filter(prefix=parts[1]).first()
-    if key is None or not hmac.compare_digest(key.hashed_key, _digest(plaintext)):
-        return None
+    digest = _digest(plaintext)
+    # Read before the key: a change made after this read makes what is cached under it stale.
+    epoch = key_cache.current_epoch()
+    key = key_cache.cached_key(digest, epoch) if epoch is not None else None
+    if key is None:
+        # The user's role in the key's tenant comes in the same query (`access_for_key` reads it): one round
+        # trip for every API request's authentication, not two.
+        role = Membership.objects.filter(user_id=OuterRef("user_id"), tenant_id=OuterRef("tenant_id")).values("role")
+        found = ApiKey.objects.select_related("tenant", "user").annotate(member_role=Subquery(role[:1]))
+        key = found.filter(prefix=parts[1]).first()
+        if key is None or not hmac.compare_digest(key.hashed_key, digest):
+            return None
+        key_cache.remember_key(digest, key, epoch)
     now = timezone.now()
     if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
         return None
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key_cache.note_key_used(digest, now)
     return key
 
 
@@ -85,6 +93,7 @@ def apikey_revoke(*, key: ApiKey, actor: User | None = None) -> bool:
     with transaction.atomic():
         revoked = ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=now) > 0
         if revoked:
+            key_cache.bump_epoch()
             audit_record(
                 actor=actor,
                 action="apikey.revoked",

@@ -236,6 +236,9 @@ def test_an_input_too_large_to_check_at_submission_is_refused_by_the_planner_for
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path], settings: Any
 ) -> None:
     settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0
+    # One shard holds the whole input, so the bad line is met before any shard is written (the slow start
+    # would end one after the first record: a job whose shards ran before its bad line is planning's test).
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 0
     job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(write_jsonl([*RECORDS, {"input": {"x": 1}}])))
 
     job_plan(job_id=str(job.id))

@@ -49,6 +49,8 @@ def test_tools_are_taken_by_vllm_for_decoded_calls_and_refused_elsewhere() -> No
     tools = [{"type": "function", "function": {"name": "get_time"}}]
     check_request_params("vllm", "chat", {"tools": tools, "tool_choice": "required"})
     assert _refused("vllm", "chat", {"tools": tools}).field == "tool_choice"
+    check_request_params("vllm", "chat", {"tools": tools}, tool_parser="hermes")
+    check_request_params("vllm", "chat", {"tools": tools, "tool_choice": "auto"}, tool_parser="hermes")
     elsewhere = _refused("transformers", "chat", {"tools": tools, "tool_choice": "required"})
     assert elsewhere.field == "tools" and "vllm engine" in str(elsewhere)
     assert _refused("vllm", "generate", {"tools": tools}).field == "tools"

@@ -59,6 +59,17 @@ def test_a_named_function_holds_the_reply_to_its_arguments() -> None:
     assert calls.calls('{"city": "Li') is None
 
 
+def test_auto_with_the_models_tool_parser_leaves_the_reply_free_for_the_parser_to_read() -> None:
+    for params in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "auto"}):
+        calls = tool_calls(params, tool_parser="hermes")
+        assert calls is not None and (calls.parser, calls.schema, calls.named) == ("hermes", None, None)
+        assert calls.tools == (WEATHER,)
+        assert reply_format(params, calls) is None
+    with pytest.raises(ParamError) as refused:
+        reply_format({"response_format": {"type": "json_object"}}, tool_calls({"tools": [WEATHER]}, tool_parser="x"))
+    assert refused.value.field == "response_format"
+
+
 def test_none_and_no_tools_are_plain_text() -> None:
     assert tool_calls({}) is None
     assert tool_calls({"tools": [WEATHER], "tool_choice": "none"}) is None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpuworkers.engines import EngineLoadError, create_engine
+from gpuworkers.engines.sampling import ParamError
 from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
 from gpuworkers.spec import ModelSpec
 from tests.support.vllm_standins import (
@@ -68,8 +70,11 @@ class FakeTokenizer:
     def __len__(self) -> int:
         return 100
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": [0] * (len(text) + add_special_tokens)}
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None
+    ) -> dict[str, list[int]]:
+        ids = [0] * (len(text) + add_special_tokens)
+        return {"input_ids": ids[:max_length] if truncation else ids}
 
     def apply_chat_template(self, messages: list[Any], *, add_generation_prompt: bool, tokenize: bool) -> str:
         return "\n".join(message["content"] for message in messages) + "\n"
@@ -354,3 +359,120 @@ def test_tool_calls_are_decoded_to_the_tools_schema_and_read_back_with_one_chat_
     [required] = [entry[2][0] for entry in llm.calls if len(entry) > 3 and entry[3] == [weather]]
     schema = required.kwargs["structured_outputs"][1]["json"]
     assert schema["type"] == "array" and schema["items"]["anyOf"][0]["properties"]["name"]["enum"] == ["get_weather"]
+
+
+# tool_choice auto: vLLM's tool parser for the model's family reads the calls back
+
+
+@dataclass
+class StandInChatRequest:
+    """vLLM's ChatCompletionRequest, the fields the engine and a parser read."""
+
+    model: str
+    messages: list[Any]
+    tools: list[Any]
+    tool_choice: str
+    skip_special_tokens: bool = True
+
+
+class TagToolParser:
+    """Reads calls framed as ``<tool_call>{"name", "arguments"}</tool_call>`` and keeps the special tokens
+    that frame them, as vLLM's Hermes parser does; answers with the shapes of vLLM's
+    ExtractedToolCallInformation."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def adjust_request(self, request: StandInChatRequest) -> StandInChatRequest:
+        request.skip_special_tokens = False
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: StandInChatRequest) -> Any:
+        assert request.tool_choice == "auto" and request.tools
+        found = re.findall(r"<tool_call>(.*?)</tool_call>", model_output)
+        if not found:
+            return types.SimpleNamespace(tools_called=False, tool_calls=[], content=model_output)
+        decoded = [json.loads(text) for text in found]
+        calls = [
+            types.SimpleNamespace(function=types.SimpleNamespace(name=c["name"], arguments=json.dumps(c["arguments"])))
+            for c in decoded
+        ]
+        return types.SimpleNamespace(tools_called=True, tool_calls=calls, content=model_output.split("<tool_call>")[0])
+
+
+@pytest.fixture
+def fake_tool_parsers(fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    parsers = types.ModuleType("vllm.tool_parsers")
+
+    class ToolParserManager:
+        tool_parsers = {"tags": TagToolParser}
+
+        @classmethod
+        def get_tool_parser(cls, name: str) -> Any:
+            return cls.tool_parsers[name]
+
+    parsers.ToolParserManager = ToolParserManager  # type: ignore[attr-defined]
+    # The request class where vLLM releases before the protocol module's split keep it.
+    protocol = types.ModuleType("vllm.entrypoints.openai.protocol")
+    protocol.ChatCompletionRequest = StandInChatRequest  # type: ignore[attr-defined]
+    for name, module in (
+        ("vllm.tool_parsers", parsers),
+        ("vllm.entrypoints", types.ModuleType("vllm.entrypoints")),
+        ("vllm.entrypoints.openai", types.ModuleType("vllm.entrypoints.openai")),
+        ("vllm.entrypoints.openai.protocol", protocol),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    return parsers
+
+
+def test_auto_tool_choice_replies_freely_and_the_models_tool_parser_reads_the_calls_back(
+    fake_tool_parsers: types.ModuleType, tmp_path: Path
+) -> None:
+    engine, llm = loaded(vllm_spec(tmp_path, task="chat", load_params={"tool_call_parser": "tags"}))
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    # The fake answers each conversation with its last message: these are the model's replies.
+    calling = 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    conversations = [[{"role": "user", "content": calling}], [{"role": "user", "content": "It is sunny."}]]
+
+    called, answered = engine.run_requests(conversations, [{"tools": [weather]}, {"tools": [weather]}])
+
+    assert "tool_call_parser" not in llm.kwargs  # the engine's, not an argument of vllm.LLM
+    assert called["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    assert (called["finish_reason"], called["text"]) == ("tool_calls", "Checking.")
+    assert answered["text"] == "It is sunny." and "tool_calls" not in answered
+    [(kind, _, sampling, tools)] = llm.calls
+    assert (kind, tools) == ("chat", [weather])
+    # No schema holds the reply, and the special tokens the parser reads stay in the text.
+    assert [params.kwargs for params in sampling] == [{"skip_special_tokens": False}] * 2
+
+
+def test_a_tool_parser_vllm_does_not_have_is_a_load_error_naming_those_it_has(
+    fake_tool_parsers: types.ModuleType, tmp_path: Path
+) -> None:
+    with pytest.raises(EngineLoadError, match=r"'hermes'.*vLLM has tags"):
+        VllmEngine(vllm_spec(tmp_path, task="chat", load_params={"tool_call_parser": "hermes"})).load(device="cuda")
+    assert FakeLLM.instances == []  # refused before the model took any GPU memory
+
+
+def test_without_a_tool_parser_auto_is_refused_naming_tool_choice(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    engine, _ = loaded(vllm_spec(tmp_path, task="chat"))
+    tools = [{"type": "function", "function": {"name": "get_time"}}]
+
+    with pytest.raises(ParamError) as refused:
+        engine.run_requests([[{"role": "user", "content": "hi"}]], [{"tools": tools}])
+    assert refused.value.field == "tool_choice"
+
+
+def test_truncate_cuts_embedding_inputs_to_their_first_tokens_and_the_rest_are_refused_with_the_hint(
+    fake_vllm: types.ModuleType, tmp_path: Path
+) -> None:
+    engine, llm = loaded(vllm_spec(tmp_path, task="embed", load_params={"max_model_len": 4}))
+    inputs = ["abcdefgh", [5, 6, 7, 8, 9, 10], "ab"]
+
+    cut = engine.run_requests(inputs, [{"truncate": True}] * 2 + [{}])
+
+    [(_, prompts, _)] = llm.calls
+    assert prompts == [{"prompt_token_ids": [0] * 4}, {"prompt_token_ids": [5, 6, 7, 8]}, "ab"]
+    assert [response["usage"]["prompt_tokens"] for response in cut] == [4, 4, 2]
+    too_long = engine.too_long(inputs, {})
+    assert too_long[2] is None and all("truncate: true cuts it to fit" in str(message) for message in too_long[:2])

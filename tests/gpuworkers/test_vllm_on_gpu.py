@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuworkers.engines import EngineLoadError
 from gpuworkers.engines.vllm import VllmEngine
 from tests.support.tiny_models import build_tiny_causal_lm
 from tests.support.vllm_standins import vllm_spec
@@ -169,6 +170,35 @@ class TestChatOnAGpu:
         assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
 
 
+class TestAutoToolChoiceOnAGpu:
+    """vLLM's own tool parsers on a real engine: ``llama3_json`` reads any tokenizer's text."""
+
+    @pytest.fixture(scope="class")
+    def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
+        load_params = {"gpu_memory_utilization": 0.15, "enforce_eager": True, "max_model_len": 128}
+        spec = vllm_spec(gpu_model_dir, task="chat", load_params={**load_params, "tool_call_parser": "llama3_json"})
+        engine = VllmEngine(spec)
+        engine.load(device="cuda")
+        yield engine
+        engine.unload()
+
+    def test_a_reply_under_auto_is_read_by_the_models_tool_parser(self, engine: VllmEngine) -> None:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+        [response] = engine.run_batch([[{"role": "user", "content": "Weather?"}]], {"tools": tools, "max_tokens": 20})
+
+        # A tiny random model seldom calls a tool; whichever it did, the parser's reading is what came back.
+        if response["finish_reason"] == "tool_calls":
+            assert all(isinstance(json.loads(call["arguments"]), dict) for call in response["tool_calls"])
+        else:
+            assert isinstance(response["text"], str) and "tool_calls" not in response
+
+    def test_a_tool_parser_vllm_does_not_have_is_a_load_error_naming_those_it_has(self, gpu_model_dir: Path) -> None:
+        spec = vllm_spec(gpu_model_dir, task="chat", load_params={"tool_call_parser": "no-such-parser"})
+        with pytest.raises(EngineLoadError, match="hermes"):
+            VllmEngine(spec).load(device="cuda")
+
+
 class TestEmbedOnAGpu:
     @pytest.fixture(scope="class")
     def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
@@ -191,3 +221,11 @@ class TestEmbedOnAGpu:
 
         np.testing.assert_allclose(from_ids["embedding"], from_text["embedding"], atol=1e-3)
         assert from_ids["usage"] == {"prompt_tokens": len(ids)}
+
+    def test_truncate_embeds_the_first_tokens_of_a_text_over_the_context(self, engine: VllmEngine) -> None:
+        long_text = "word " * 400
+        assert engine.too_long([long_text], {})[0] is not None
+
+        [response] = engine.run_requests([long_text], [{"truncate": True}])
+
+        assert response["usage"] == {"prompt_tokens": 128} and response["embedding"].shape == (32,)

@@ -81,6 +81,15 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     filterset_class = JobFilter
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
+    def get_queryset(self) -> QuerySet[Any]:
+        queryset = super().get_queryset()
+        if self.action in ("list", "retrieve"):
+            # Of the model, a job shows its name and version: reading its other columns (JSON among them)
+            # and building them took a quarter of a list page's read.
+            columns = [field.name for field in Job._meta.concrete_fields]
+            queryset = queryset.only(*columns, "model__name", "model__version")
+        return queryset
+
     def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # The filters narrow the list. A job named by its id is found whatever the query string says, and
         # building the filter set for it took a fifth of a status request's time.

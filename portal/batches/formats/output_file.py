@@ -254,8 +254,9 @@ def _chat_choice(sample: Mapping[str, Any], ident: str) -> dict[str, Any]:
     logprobs = sample.get("logprobs")
     message: dict[str, Any] = {"role": "assistant", "content": sample["text"], "refusal": None}
     if sample.get("tool_calls"):
-        # As OpenAI answers a reply of tool calls: no content, each call with an id the next turn refers to.
-        message["content"] = None
+        # As OpenAI answers a reply of tool calls: content only where text came with them (tool_choice auto),
+        # each call with an id the next turn refers to.
+        message["content"] = sample["text"] or None
         message["tool_calls"] = [
             {
                 "id": "call_" + hashlib.sha256(f"{ident}:{sample['index']}:{number}".encode()).hexdigest()[:24],

@@ -76,7 +76,7 @@ class _CatalogJudge:
         if model is None:
             return None
         try:
-            check_request_params(model.engine, model.task, params)
+            check_request_params(model.engine, model.task, params, tool_parser=model.tool_parser)
         except ParamError as exc:
             return exc.field, str(exc)
         return None

@@ -383,7 +383,7 @@ def submission_request(
     if "dimensions" in job_params and (problem := model.dimensions_problem(job_params["dimensions"])) is not None:
         raise SubmissionError(f"params.dimensions {problem}", field="params")
     try:
-        check_request_params(model.engine, model.task, job_params)
+        check_request_params(model.engine, model.task, job_params, tool_parser=model.tool_parser)
     except ParamError as exc:
         raise SubmissionError(f"params.{exc}", field="params") from None
     try:

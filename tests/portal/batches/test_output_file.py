@@ -407,6 +407,16 @@ def test_tool_calls_become_the_messages_tool_calls_with_stable_ids_and_no_conten
     assert first == again
 
 
+def test_text_that_came_with_tool_calls_is_the_messages_content() -> None:
+    calls = [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    record = generated("a", "Let me look that up.", tool_calls=calls, finish_reason="tool_calls")
+
+    body = convert_out([record], endpoint=CHAT).lines("output")[0]["response"]["body"]
+
+    [choice] = ChatCompletion.model_validate(body).choices
+    assert choice.message.content == "Let me look that up." and choice.message.tool_calls is not None
+
+
 def test_a_classification_becomes_a_moderation_result_over_every_openai_category() -> None:
     record = {"custom_id": "a", "response": {"scores": {"hate": 0.7, "violence": 0.2}, "label": "hate", "usage": {}}}
 

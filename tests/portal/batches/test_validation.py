@@ -16,12 +16,14 @@ from portal.batches.selectors import batch_object, batch_status
 from portal.batches.services.batches import batch_cancel, batch_create
 from portal.batches.services.files import file_upload
 from portal.batches.services.validation import batch_validate, validation_lease_key, validation_task_id
+from portal.catalog.models import Model
 from portal.jobs.models import Job
 from portal.jobs.services.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.services.stop import CannotStop
 from portal.tenancy.models import Quota, Tenant
 from tasks.leases import Lease
 from tasks.validate_batch import validate_batch
+from tests.factories import ModelFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -186,3 +188,32 @@ def test_the_reconciler_leaves_a_validation_that_a_worker_holds_or_that_ended(
     batch_validate(batch_id=old_batch.id)
     _revalidate_stalled(timezone.now(), lambda: None, ReconcileReport())
     assert sent == []
+
+
+@pytest.mark.parametrize(("tool_parser", "line_errors"), [(None, [1]), ("hermes", [])])
+def test_tool_choice_auto_is_taken_where_the_models_entry_names_a_tool_parser(
+    acme: Tenant, sent: Any, tool_parser: str | None, line_errors: list[int]
+) -> None:
+    ModelFactory(
+        name="chat-tools",
+        engine=Model.Engine.VLLM,
+        task=Model.Task.CHAT,
+        source="/models/chat-tools",
+        is_default=False,
+        load_params={"tool_call_parser": tool_parser} if tool_parser else {},
+    )
+    tools = [{"type": "function", "function": {"name": "get_time"}}]
+    body = {"model": "chat-tools", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    line = {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    upload = file_upload(
+        tenant=acme, filename="requests.jsonl", purpose="batch", chunks=iter([json.dumps(line).encode() + b"\n"])
+    )
+    batch = batch_create(
+        tenant=acme, user=None, input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    batch_validate(batch_id=batch.id)
+
+    errors = (batch_object(_fresh(batch))["errors"] or {}).get("data", [])
+    assert [error["line"] for error in errors] == line_errors
+    assert all(error["param"] == "body.tool_choice" and "tool_call_parser" in error["message"] for error in errors)

@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 
 from portal.ops.metrics.collector import queue_gauges
 from tasks.app import app
-from tasks.broker_probe import priority_lists, queue_depths
+from tasks.broker_probe import pending_task_ids, priority_lists, queue_depths
 from tasks.config import broker_url
 
 pytestmark = pytest.mark.django_db
@@ -75,3 +75,17 @@ def test_a_delivered_but_unacknowledged_message_counts_as_reserved_not_lost(queu
         channel.basic_reject(delivered.delivery_tag, requeue=True)
     depth = (queue_depths([queue]) or {})[queue]
     assert (depth.ready, depth.reserved) == (sent, 0)
+
+
+def test_the_reconcilers_view_finds_every_priority_without_walking_the_keyspace(
+    queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [app.send_task("batchery.slot_info", queue=queue, priority=p).id for p in (0, 4, 9)]
+
+    def no_scan(*args: object, **kwargs: object) -> None:
+        raise AssertionError("SCAN walks every key: a lease and a progress hash per running shard")
+
+    monkeypatch.setattr(redis.Redis, "scan", no_scan)
+    view = pending_task_ids([queue])
+
+    assert view is not None and set(ids) <= view.queued

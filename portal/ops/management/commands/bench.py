@@ -16,7 +16,6 @@ import json
 import math
 import os
 import statistics
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +36,7 @@ from portal.ops.bench_ceiling import render_ceiling, run_ceiling_bench
 from portal.ops.bench_fairness import render_fairness, run_fairness_bench
 from portal.ops.bench_first_result import FirstResult, first_result
 from portal.ops.bench_io import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
+from portal.ops.bench_job import timed_job
 from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from portal.ops.bench_parquet import render_parquet, run_parquet_bench
 from portal.ops.bench_reconcile import render_reconcile, run_reconcile_bench
@@ -247,12 +247,9 @@ class Command(BaseCommand):
             self.stdout.write("warming the workers up (each slot loads the model once) ...")
             watch_job(job_submit(tenant=tenant, model_name=model.name, input_uri=str(warmup), shard_size=50))
             self.stdout.write(f"stack: {count} sentences through submit, plan, shards and merge ...")
-            started = time.perf_counter()
-            job = job_submit(
-                tenant=tenant, model_name=model.name, input_uri=str(dataset), shard_size=options["shard_size"]
+            job, elapsed = timed_job(
+                tenant=tenant, model_name=model.name, dataset=dataset, shard_size=options["shard_size"]
             )
-            job = watch_job(job, poll_s=0.2)
-            elapsed = time.perf_counter() - started
             large: FirstResult | None = None
             if options["first_result_mb"]:
                 path = bench_input(options["first_result_mb"], Path(settings.VAR_DIR) / "bench")
