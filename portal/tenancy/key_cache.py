@@ -35,6 +35,11 @@ logger = logging.getLogger(__name__)
 EPOCH_KEY = "batchery:auth:epoch"
 MAX_ENTRIES = 10_000
 """Keys a process remembers; past that it starts again, which costs one read per key."""
+REDIS_RETRY_S = 5.0
+"""After Redis failed to answer, this process asks it again only after so long: a Redis cut off by the
+network would otherwise hold every API request for the client's connect timeout."""
+
+_redis_retry_at = 0.0
 
 
 @dataclass
@@ -49,6 +54,9 @@ _entries: dict[str, _Entry] = {}
 
 def current_epoch() -> bytes | None:
     """The auth epoch, or None where Redis does not answer (the cache is then not used)."""
+    global _redis_retry_at
+    if time.monotonic() < _redis_retry_at:
+        return None
     client = redis_client()
     try:
         epoch = cast(bytes | None, client.get(EPOCH_KEY))
@@ -61,6 +69,7 @@ def current_epoch() -> bytes | None:
         logger.warning("auth epoch not read, API keys are read from the database: %s", exc)
         # Increments may be lost while Redis is away: nothing cached before is trusted after.
         _entries.clear()
+        _redis_retry_at = time.monotonic() + REDIS_RETRY_S
         return None
     return epoch
 
@@ -111,7 +120,8 @@ def _increment() -> None:
     try:
         redis_client().incr(EPOCH_KEY)
     except redis.RedisError as exc:
-        # Each process then reads keys from the database until Redis answers again: nothing stale is served.
+        # This process forgot its copies; another one that still reads the old epoch keeps its own until they
+        # are BATCHERY_API_KEY_CACHE_S old, the bound a lost increment has.
         logger.warning("auth epoch not incremented: %s", exc)
 
 

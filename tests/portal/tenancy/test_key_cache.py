@@ -18,6 +18,12 @@ from portal.tenancy.services import membership_set_role
 from tests.factories import UserFactory
 
 
+@pytest.fixture(autouse=True)
+def redis_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pause left over from a test whose Redis did not answer."""
+    monkeypatch.setattr(key_cache, "_redis_retry_at", 0.0)
+
+
 @pytest.fixture
 def alice_key(acme: Any) -> tuple[Any, str]:
     alice = UserFactory(username="alice")
@@ -82,6 +88,21 @@ def test_a_redis_that_does_not_answer_turns_the_cache_off_not_the_check(
     with CaptureQueriesContext(connection) as captured:
         assert apikey_authenticate(plaintext) is None
     assert len(captured.captured_queries) == 1
+
+
+def test_after_redis_failed_to_answer_it_is_asked_again_only_after_a_pause(
+    alice_key: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, plaintext = alice_key
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    asked: list[int] = []
+    monkeypatch.setattr(key_cache, "redis_client", lambda: asked.append(1) or dead)
+
+    assert apikey_authenticate(plaintext) is not None
+    assert apikey_authenticate(plaintext) is not None
+    assert len(asked) == 1  # the second request went straight to the database
+    monkeypatch.setattr(key_cache, "_redis_retry_at", 0.0)
+    assert apikey_authenticate(plaintext) is not None and len(asked) == 2
 
 
 def test_with_no_cache_time_every_request_reads_the_key(alice_key: tuple[Any, str], settings: Any) -> None:
