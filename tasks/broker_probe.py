@@ -65,11 +65,7 @@ def pending_task_ids(queues: Iterable[str]) -> BrokerView | None:
     try:
         # The queue's own lists, named, not found by a SCAN: a scan walks every key in the database (a lease
         # and a progress hash per running shard), so its cost grew with the fleet, not with the queues.
-        keys = [key for queue in queues for key in priority_lists(queue)]
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.llen(key)
-        for key, length in zip(keys, pipe.execute(), strict=True):
+        for key, length in _list_lengths(client, queues).items():
             for start in range(0, length, SCAN_CHUNK):
                 for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
                     task_id = _task_id(raw)
@@ -100,6 +96,15 @@ def priority_lists(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
 
 
+def _list_lengths(client: redis.Redis, queues: Iterable[str]) -> dict[str, int]:
+    """The length of every priority list of `queues`, in one pipelined round trip."""
+    keys = [key for queue in queues for key in priority_lists(queue)]
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.llen(key)
+    return dict(zip(keys, pipe.execute(), strict=True))
+
+
 def _routing_key(raw: bytes | str) -> str | None:
     try:
         entry: Any = json.loads(raw)
@@ -124,11 +129,7 @@ def queue_depths(queues: Iterable[str], *, client: redis.Redis | None = None) ->
     own = client is None
     client = client or redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
     try:
-        pipe = client.pipeline(transaction=False)
-        for queue in names:
-            for key in priority_lists(queue):
-                pipe.llen(key)
-        lengths = pipe.execute()
+        lengths = _list_lengths(client, names)
         reserved = dict.fromkeys(names, 0)
         for _, raw in client.hscan_iter("unacked", count=SCAN_CHUNK):
             routed = _routing_key(raw)
@@ -140,8 +141,7 @@ def queue_depths(queues: Iterable[str], *, client: redis.Redis | None = None) ->
     finally:
         if own:
             client.close()
-    steps = len(PRIORITY_STEPS)
     return {
-        queue: QueueDepth(ready=sum(lengths[n * steps : (n + 1) * steps]), reserved=reserved[queue])
-        for n, queue in enumerate(names)
+        queue: QueueDepth(ready=sum(lengths[key] for key in priority_lists(queue)), reserved=reserved[queue])
+        for queue in names
     }

@@ -9,6 +9,14 @@ import redis
 from tasks.config import progress_redis_url
 
 
-@functools.cache
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(progress_redis_url(), socket_timeout=5, socket_connect_timeout=5)
+    """The client of the Redis the environment names now.
+
+    Kept per URL, not once per process: a process pointed at another Redis (the stack's embedded
+    one, a test's) gets that Redis's client from its next call, and never keeps one of a Redis gone."""
+    return _client_for(progress_redis_url())
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)

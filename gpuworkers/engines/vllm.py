@@ -76,6 +76,7 @@ class VllmEngine:
         self._vllm: Any = None
         self._llm: Any = None
         self._tool_parser: Any = None
+        self._tool_parser_name: str | None = None
         self._memory_bytes = 0
 
     def load(self, *, device: str) -> None:
@@ -108,6 +109,7 @@ class VllmEngine:
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
         self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
+        self._tool_parser_name = parser_name
         self._vllm, self._llm = vllm, llm
         self._memory_bytes = _device_share_bytes(kwargs["gpu_memory_utilization"])
 
@@ -137,8 +139,7 @@ class VllmEngine:
             return embeddings
         kwargs = [sampling_kwargs(own) for own in params]
         chat = self.spec.task == "chat"
-        parser_name = self.spec.load_params.get("tool_call_parser") if self._tool_parser is not None else None
-        calls = [tool_calls(own, tool_parser=parser_name) if chat else None for own in params]
+        calls = [tool_calls(own, tool_parser=self._tool_parser_name) if chat else None for own in params]
         conversations = [require_messages(item) for item in items] if chat else []
         # tool_choice auto: the request the model's tool parser reads the reply against, one per prompt.
         requests: list[Any] = [None] * len(items)
@@ -226,7 +227,7 @@ class VllmEngine:
     def unload(self) -> None:
         if self._llm is None:
             return
-        self._llm = self._vllm = self._tool_parser = None
+        self._llm = self._vllm = self._tool_parser = self._tool_parser_name = None
         self._memory_bytes = 0
         # vLLM's finalizers stop its engine-core process once the LLM is unreachable; collect it now.
         gc.collect()

@@ -42,13 +42,11 @@ class StackOptions:
 
 
 def repoint_celery_app() -> None:
-    """Point this process's Celery app and Redis client at the broker the environment names now."""
+    """Point this process's Celery app at the broker the environment names now (`redis_client` follows by itself)."""
     from tasks.app import app
     from tasks.config import celery_settings
-    from tasks.redis_client import redis_client
 
     app.conf.update(celery_settings())
-    redis_client.cache_clear()
 
 
 @dataclass

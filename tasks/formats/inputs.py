@@ -11,22 +11,27 @@ of rows at a time. Counting, the problems' cap and the duplicate-id search are t
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import shutil
 import tempfile
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+from typing import IO, Any, BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import zstandard
 
+from tasks.formats.compression import (
+    COMPRESSION_SUFFIXES,
+    CORRUPT,
+    corrupt_message,
+    decompressed,
+    peek,
+    sniffed_compression,
+)
 from tasks.formats.jsonl import (
     MAX_LINE_BYTES,
     JsonlCheck,
@@ -39,9 +44,6 @@ from tasks.formats.jsonl import (
 )
 from tasks.formats.records import TASK_INPUT_FIELDS, LineProblem, Record
 
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
-
 FORMATS = ("auto", "jsonl", "csv", "tsv", "parquet")
 COLUMN_FORMATS = ("csv", "tsv", "parquet")
 MAX_LINE_CHARS = MAX_LINE_BYTES
@@ -49,9 +51,6 @@ MAX_LINE_CHARS = MAX_LINE_BYTES
 PARQUET_BATCH_ROWS = 1024
 SPILL_CHUNK_BYTES = 1024 * 1024
 
-_HEAD_BYTES = 32  # the magic bytes, and a whole zstd frame header (at most 18 bytes)
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
 _KIND_SUFFIXES = {
     ".jsonl": "jsonl",
@@ -62,8 +61,6 @@ _KIND_SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-_COMPRESSION_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_CORRUPT = (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
 _CHAT_FIELD = TASK_INPUT_FIELDS["chat"]
 
 
@@ -120,16 +117,11 @@ def detect_format(uri: str, head: bytes, *, explicit: str = "auto") -> InputForm
     the input's first bytes; compression from the magic bytes in `head`, else from the name."""
     _check_format(explicit)
     suffixes = [suffix.lower() for suffix in PurePosixPath(urlparse(uri).path).suffixes]
-    named_compression = _COMPRESSION_SUFFIXES.get(suffixes[-1]) if suffixes else None
+    named_compression = COMPRESSION_SUFFIXES.get(suffixes[-1]) if suffixes else None
     if named_compression:
         suffixes.pop()
     named_kind = _KIND_SUFFIXES.get(suffixes[-1]) if suffixes else None
-    if head.startswith(_GZIP_MAGIC):
-        compression: str | None = "gzip"
-    elif head.startswith(_ZSTD_MAGIC):
-        compression = "zstd"
-    else:
-        compression = named_compression
+    compression = sniffed_compression(head) or named_compression
     if explicit != "auto":
         kind = explicit
     elif named_kind:
@@ -220,7 +212,7 @@ def _open_input(
     open_stream: Callable[[], BinaryIO], *, uri: str, options: InputOptions, input_field: str
 ) -> Iterator[tuple[InputFormat, Iterator[Record | LineProblem]]]:
     with open_stream() as raw:
-        head, stream = _peek(raw)
+        head, stream = peek(raw)
         input_format = detect_format(uri, head, explicit=options.format)
         if input_format.kind == "jsonl":
             _refuse_columns(options, f"detected for {uri}")
@@ -230,7 +222,7 @@ def _open_input(
 def _items(
     input_format: InputFormat, stream: IO[bytes], head: bytes, options: InputOptions, input_field: str
 ) -> Iterator[Record | LineProblem]:
-    plain = _decompressed(stream, input_format.compression, head)
+    plain = decompressed(stream, input_format.compression, head)
     if input_format.kind == "parquet":
         spill = input_format.compression is not None or not stream.seekable()
         return _parquet_items(plain, spill=spill, options=options, input_field=input_field)
@@ -238,82 +230,6 @@ def _items(
         return _jsonl_items(plain, input_field)
     delimiter = "," if input_format.kind == "csv" else "\t"
     return _delimited_items(plain, delimiter=delimiter, options=options, input_field=input_field)
-
-
-def _peek(raw: BinaryIO) -> tuple[bytes, IO[bytes]]:
-    """The first bytes of `raw`, and a stream that still starts with them."""
-    if raw.seekable():
-        start = raw.tell()
-        head = raw.read(_HEAD_BYTES)
-        raw.seek(start)
-        return head, raw
-    head = b""
-    while len(head) < _HEAD_BYTES and (chunk := raw.read(_HEAD_BYTES - len(head))):
-        head += chunk
-    return head, io.BufferedReader(_Prefixed(head, raw))
-
-
-class _Prefixed(io.RawIOBase):
-    """`head`, then the rest of `rest`: a stream that cannot seek, with its first bytes put back."""
-
-    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
-        super().__init__()
-        self._head = head
-        self._rest = rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer).cast("B")
-        if self._head:
-            size = min(len(view), len(self._head))
-            view[:size] = self._head[:size]
-            self._head = self._head[size:]
-            return size
-        data = self._rest.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-
-def _decompressed(stream: IO[bytes], compression: str | None, head: bytes) -> IO[bytes]:
-    if compression == "gzip":
-        return cast("IO[bytes]", gzip.GzipFile(fileobj=stream, mode="rb"))  # typeshed's GzipFile is no IO
-    if compression == "zstd":
-        return io.BufferedReader(_ZstdReader(stream, head))
-    return stream
-
-
-class _ZstdReader(io.RawIOBase):
-    """zstd decompression, streaming, that notices an input cut short inside its first frame.
-
-    zstandard's reader ends quietly where its input ends, even inside a frame. When the first frame
-    records its size (the zstd tool records it for files), a shorter output is reported as truncated.
-    """
-
-    def __init__(self, source: IO[bytes], head: bytes) -> None:
-        super().__init__()
-        self._reader = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=True, closefd=False)
-        try:
-            size = zstandard.get_frame_parameters(head).content_size
-        except zstandard.ZstdError:
-            size = 0
-        self._expected = 0 if size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) else size
-        self._produced = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        size: int = self._reader.readinto(buffer)
-        self._produced += size
-        if size == 0 and self._produced < self._expected:
-            raise zstandard.ZstdError(f"input ends after {self._produced} of the {self._expected} bytes of a frame")
-        return size
-
-
-def _corrupt(exc: Exception) -> str:
-    return f"the compressed input is corrupt, reading stops here ({exc or type(exc).__name__})"
 
 
 def _record(line: int, custom_id: str, input_field: str, value: Any) -> Record:
@@ -347,8 +263,8 @@ def _jsonl_items(stream: IO[bytes], input_field: str) -> Iterator[Record | LineP
             if raw is not None and raw.isspace():
                 continue
             yield parse_line(raw, reached, input_field)
-    except _CORRUPT as exc:
-        yield LineProblem(reached + 1, _corrupt(exc))
+    except CORRUPT as exc:
+        yield LineProblem(reached + 1, corrupt_message(exc))
 
 
 # CSV and TSV
@@ -400,8 +316,8 @@ def _delimited_rows(stream: IO[bytes], delimiter: str) -> Iterator[tuple[int, li
         except csv.Error as exc:
             yield LineProblem(start, f"not valid {name} ({exc})")
             continue
-        except _CORRUPT as exc:
-            yield LineProblem(start, _corrupt(exc))
+        except CORRUPT as exc:
+            yield LineProblem(start, corrupt_message(exc))
             return
         if row is None:
             return
@@ -465,8 +381,8 @@ def _parquet_items(
     with tempfile.TemporaryFile(prefix="batchery-input-") as copy:
         try:
             shutil.copyfileobj(stream, copy, SPILL_CHUNK_BYTES)
-        except _CORRUPT as exc:
-            yield FileProblem(0, _corrupt(exc))
+        except CORRUPT as exc:
+            yield FileProblem(0, corrupt_message(exc))
             return
         copy.seek(0)
         yield from _read_parquet(copy, options, input_field)

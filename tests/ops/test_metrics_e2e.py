@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,15 +150,10 @@ def _ready(url: str) -> bool:
 
 
 @pytest.fixture
-def portal_reads_stack(stack: ChaosStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def portal_reads_stack(stack: ChaosStack, monkeypatch: pytest.MonkeyPatch) -> None:
     """The live portal (this process) reads the stack's Redis, as a deployed portal reads its broker."""
-    from tasks.redis_client import redis_client
-
     monkeypatch.setenv("CELERY_BROKER_URL", stack.broker_url)
     monkeypatch.setenv("CELERY_RESULT_BACKEND", stack.broker_url)
-    redis_client.cache_clear()
-    yield
-    redis_client.cache_clear()
 
 
 def test_prometheus_sees_a_job_on_a_two_slot_launcher_and_every_rule_and_panel_metric_exists(

@@ -95,6 +95,10 @@ def _reset(sock: socket.socket) -> None:
     """Close with RST, as a crashed server's host would answer."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # A pipe thread blocked in recv holds the socket open past close(), so no RST would go out and the
+        # peer would wait for its read timeout: shutting the reading side first wakes that thread.
+        sock.shutdown(socket.SHUT_RD)
+    with contextlib.suppress(OSError):
         sock.close()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import FrozenInstanceError
 from functools import partial
 from typing import Any
@@ -14,52 +14,22 @@ from openai.types.batch import Errors
 
 from portal.batches.formats.endpoints import ENDPOINTS, BatchEndpoint, UnsupportedEndpoint, endpoint_for
 from portal.batches.formats.input_file import (
-    RequestConversion,
     RequestProblem,
     convert_requests,
     problems_to_openai_errors,
 )
 from tasks.formats.records import TASK_INPUT_FIELDS
-
-EMBEDDINGS, COMPLETIONS, CHAT = "/v1/embeddings", "/v1/completions", "/v1/chat/completions"
-MAX_LINE_BYTES = 1024
-INPUTS = {
-    EMBEDDINGS: ("input", "a sentence to embed"),
-    COMPLETIONS: ("prompt", "Once upon a time"),
-    CHAT: ("messages", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]),
-}
-
-
-def request(custom_id: str = "r1", *, url: str = EMBEDDINGS, model: str = "m", **fields: Any) -> dict[str, Any]:
-    """One line of an OpenAI batch input file; the endpoint's input is filled in unless given."""
-    input_field, value = INPUTS[url]
-    body = {"model": model, input_field: value, **fields}
-    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
-
-
-def jsonl(*lines: dict[str, Any] | bytes | str) -> list[bytes]:
-    """File lines, newline-terminated: objects as JSON, bytes and text as given."""
-    out = []
-    for line in lines:
-        raw = line if isinstance(line, bytes) else line.encode() if isinstance(line, str) else orjson.dumps(line)
-        out.append(raw + b"\n")
-    return out
-
-
-def convert(
-    source: Iterable[bytes], *, endpoint: str = EMBEDDINGS, **options: Any
-) -> tuple[RequestConversion, list[dict[str, Any]]]:
-    target = io.BytesIO()
-    options.setdefault("max_line_bytes", MAX_LINE_BYTES)
-    result = convert_requests(source, target, endpoint=endpoint, **options)
-    written = target.getvalue()
-    assert written == b"" or written.endswith(b"\n")
-    return result, [orjson.loads(line) for line in written.splitlines()]
-
-
-def codes(result: RequestConversion) -> list[tuple[int | None, str]]:
-    return [(problem.line, problem.code) for problem in result.problems]
-
+from tests.portal.batches.input_file_lines import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    INPUTS,
+    MAX_LINE_BYTES,
+    codes,
+    convert,
+    jsonl,
+    request,
+)
 
 # The endpoint table
 
@@ -208,98 +178,6 @@ def test_an_encoding_format_the_output_cannot_take_is_refused_on_every_line() ->
     assert codes(result) == [(1, "invalid_param"), (2, "invalid_param")]
     assert result.problems[0].param == "body.encoding_format"
     assert "body.encoding_format must be 'float' or 'base64', not 'int8'" in result.problems[0].message
-
-
-def test_the_embedding_of_several_texts_is_one_record_keeping_them_in_order() -> None:
-    result, records = convert(jsonl(request("many", input=["one", "two", "three"]), request("one")))
-
-    assert result.ok
-    assert records == [
-        {"custom_id": "many", "input": ["one", "two", "three"]},
-        {"custom_id": "one", "input": INPUTS[EMBEDDINGS][1]},
-    ]
-
-
-def test_token_arrays_are_inputs_and_a_list_of_one_array_is_unwrapped_to_it_but_one_array_of_one_id_is_not() -> None:
-    inputs = [[101, 7592, 102], [[101, 102], [101, 2088, 102]], [[101, 102]], [7]]
-    lines = [request(f"t{n}", input=value) for n, value in enumerate(inputs)]
-
-    result, records = convert(jsonl(*lines))
-
-    assert result.ok, result.problems
-    assert [record["input"] for record in records] == [
-        [101, 7592, 102],
-        [[101, 102], [101, 2088, 102]],
-        [101, 102],
-        [7],
-    ]
-
-
-def test_a_completion_of_several_prompts_is_refused_with_how_to_split_them() -> None:
-    line = request(url=COMPLETIONS)
-    line["body"]["prompt"] = ["one", "two", "three"]
-
-    result, _ = convert(jsonl(line), endpoint=COMPLETIONS)
-
-    [problem] = result.problems
-    assert problem.message == (
-        "body.prompt holds 3 prompts, but Batchery runs one prompt a request: "
-        "give each prompt its own line and custom_id"
-    )
-
-
-def matryoshka(model: str, dimensions: Any) -> str | None:
-    """The catalog of these tests: model "m" declares Matryoshka training up to 384 values; "plain" does not."""
-    if model == "plain":
-        return "is not supported by model 'plain'"
-    return (
-        None if isinstance(dimensions, int) and 1 <= dimensions <= 384 else f"must be from 1 to 384, not {dimensions}"
-    )
-
-
-def test_dimensions_a_model_supports_become_a_param_of_the_job() -> None:
-    result, records = convert(
-        jsonl(request("a", dimensions=128), request("b", dimensions=128)), dimensions_problem=matryoshka
-    )
-
-    assert result.ok
-    assert result.params == {"dimensions": 128}
-    assert [record["custom_id"] for record in records] == ["a", "b"]
-
-
-def test_dimensions_are_refused_on_another_endpoint_than_embeddings() -> None:
-    result, _ = convert(
-        jsonl(request(url=COMPLETIONS, dimensions=64)), endpoint=COMPLETIONS, dimensions_problem=matryoshka
-    )
-
-    [problem] = result.problems
-    assert (problem.param, problem.message) == (
-        "body.dimensions",
-        "body.dimensions is a parameter of /v1/embeddings, not of /v1/completions",
-    )
-
-
-@pytest.mark.parametrize(
-    ("model", "dimensions", "message"),
-    [
-        ("plain", 64, "body.dimensions is not supported by model 'plain'"),
-        ("m", 385, "body.dimensions must be from 1 to 384, not 385"),
-        ("m", 0, "body.dimensions must be from 1 to 384, not 0"),
-        ("m", "64", "body.dimensions must be from 1 to 384, not 64"),
-    ],
-)
-def test_dimensions_the_model_cannot_give_are_refused_on_every_line_naming_the_field(
-    model: str, dimensions: Any, message: str
-) -> None:
-    lines = jsonl(request("a", model=model, dimensions=dimensions), request("b", model=model, dimensions=dimensions))
-
-    result, records = convert(lines, dimensions_problem=matryoshka)
-
-    assert records == []
-    assert [(problem.line, problem.code, problem.param, problem.message) for problem in result.problems] == [
-        (1, "invalid_param", "body.dimensions", message),
-        (2, "invalid_param", "body.dimensions", message),
-    ]
 
 
 @pytest.mark.parametrize(

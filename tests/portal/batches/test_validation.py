@@ -48,12 +48,10 @@ def _request(n: int, model: str = "all-MiniLM-L6-v2", **body: Any) -> str:
     return json.dumps(line)
 
 
-def _create(tenant: Tenant, lines: list[str]) -> Batch:
+def _create(tenant: Tenant, lines: list[str], endpoint: str = "/v1/embeddings") -> Batch:
     content = "".join(line + "\n" for line in lines).encode()
     upload = file_upload(tenant=tenant, filename="requests.jsonl", purpose="batch", chunks=iter([content]))
-    return batch_create(
-        tenant=tenant, user=None, input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
-    )
+    return batch_create(tenant=tenant, user=None, input_file_id=upload.id, endpoint=endpoint, completion_window="24h")
 
 
 def _fresh(batch: Batch) -> Batch:
@@ -205,12 +203,7 @@ def test_tool_choice_auto_is_taken_where_the_models_entry_names_a_tool_parser(
     tools = [{"type": "function", "function": {"name": "get_time"}}]
     body = {"model": "chat-tools", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     line = {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": body}
-    upload = file_upload(
-        tenant=acme, filename="requests.jsonl", purpose="batch", chunks=iter([json.dumps(line).encode() + b"\n"])
-    )
-    batch = batch_create(
-        tenant=acme, user=None, input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    batch = _create(acme, [json.dumps(line)], endpoint="/v1/chat/completions")
 
     batch_validate(batch_id=batch.id)
 
