@@ -7,6 +7,13 @@ PY := $(VENV)/bin/python
 # (or plain `torch` before it) pulls a multi-gigabyte CUDA build. GPU hosts install their own.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# On a workstation `make test` leaves out the end-to-end tests marked `slow` (real worker fleets,
+# browsers, chaos), which take most of a full run on two cores; CI (CI=true) runs every test.
+ifeq ($(CI),true)
+PYTEST_MARKERS ?=
+else
+PYTEST_MARKERS ?= -m "not slow"
+endif
 
 .PHONY: install demo up test lint typecheck bench chaos clean
 
@@ -33,7 +40,7 @@ typecheck: install
 	$(PY) -m mypy portal tasks gpuworkers
 
 test: install lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_MARKERS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) manage.py bench

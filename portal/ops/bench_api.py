@@ -59,6 +59,7 @@ class LoadRun:
 class ApiFigures:
     jobs: int
     clients: int
+    portal_workers: int
     runs: list[LoadRun]
     queries: dict[str, int]
     """Database queries per request, by endpoint."""
@@ -193,6 +194,7 @@ def run_api_bench(
     clients: int = 50,
     seconds: float = 10.0,
     paces_s: tuple[float, ...] = (0.0, 0.5),
+    portal_workers: int = StackOptions.portal_workers,
     say: Callable[[str], None],
 ) -> ApiFigures:
     # httpx logs each request at INFO: half a million lines would drown the table.
@@ -200,7 +202,15 @@ def run_api_bench(
     say(f"api: {jobs:,} jobs in the database ...")
     tenant, key, job_id = _seed(jobs)
     address = f"127.0.0.1:{free_port()}"
-    stack = Stack(StackOptions(portal=True, portal_address=address, flower=False, workers=False, logs_to_files=True))
+    options = StackOptions(
+        portal=True,
+        portal_address=address,
+        portal_workers=portal_workers,
+        flower=False,
+        workers=False,
+        logs_to_files=True,
+    )
+    stack = Stack(options)
     runs = []
     try:
         queries = queries_per_request(key, job_id)
@@ -215,12 +225,13 @@ def run_api_bench(
     finally:
         stack.stop()
         Job.objects.filter(tenant=tenant).delete()
-    return ApiFigures(jobs=jobs, clients=clients, runs=runs, queries=queries)
+    return ApiFigures(jobs=jobs, clients=clients, portal_workers=portal_workers, runs=runs, queries=queries)
 
 
 def render_api(figures: ApiFigures) -> str:
     lines = [
-        f"API: {figures.clients} clients, {figures.jobs:,} jobs in the database; "
+        f"API: {figures.clients} clients, {figures.jobs:,} jobs in the database, "
+        f"{figures.portal_workers} gunicorn workers; "
         f"queries per request: detail {figures.queries['detail']}, list {figures.queries['list']}"
     ]
     header = f"{'pace per client':<16} {'req/s':>7} {'errors':>6}  {'detail p50/p99':>16}  {'list p50/p99':>16}  target"

@@ -29,6 +29,10 @@ BASE_DIR = Path(settings.BASE_DIR)
 class StackOptions:
     portal: bool = True
     portal_address: str = "127.0.0.1:8000"
+    portal_workers: int = 4
+    """gunicorn's sync workers, as the deployment files run it. On two cores under 50 polling clients,
+    two workers queued every request behind a slow one (API p99 39-99 ms in two runs); four share the
+    cores between them (31-57 ms in three runs of the same bench, `manage.py bench --api-portal-workers`)."""
     flower: bool = True
     flower_port: int = 5555
     cpu_slots: int | None = None
@@ -106,7 +110,8 @@ class Stack:
             self._spawn(
                 "portal",
                 [
-                    python, "-m", "gunicorn", "portal.wsgi", "--bind", options.portal_address, "--workers", "2",
+                    python, "-m", "gunicorn", "portal.wsgi", "--bind", options.portal_address,
+                    "--workers", str(options.portal_workers),
                     "--config", "python:portal.gunicorn_conf",
                 ],
                 env=self._portal_env(),

@@ -6,9 +6,11 @@ import re
 import time
 import urllib.request
 
+import psutil
 import pytest
 from celery import Celery
 
+from portal.ops.stack import StackOptions
 from tests.ops.conftest import UpProcess, stop_process_group
 
 pytestmark = pytest.mark.slow
@@ -18,6 +20,17 @@ def _get(url: str) -> int:
     with urllib.request.urlopen(url, timeout=2) as response:
         status: int = response.status
         return status
+
+
+def _portal_workers(up: UpProcess, timeout_s: float = 30) -> int:
+    """The gunicorn workers under the portal's master, given up to `timeout_s` to start them all."""
+    (master,) = [
+        child for child in psutil.Process(up.process.pid).children() if "gunicorn" in " ".join(child.cmdline())
+    ]
+    deadline = time.monotonic() + timeout_s
+    while len(master.children()) < StackOptions.portal_workers and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return len(master.children())
 
 
 def test_up_starts_portal_flower_control_and_slot_workers_then_stops_on_sigterm(
@@ -50,5 +63,6 @@ def test_up_starts_portal_flower_control_and_slot_workers_then_stops_on_sigterm(
         time.sleep(0.5)
     assert {"control", "slot0-cpu"} <= answered, up.log_tail()
     assert (up.var_dir / "batchery.sqlite3").exists()
+    assert _portal_workers(up) == StackOptions.portal_workers, "the portal runs as many workers as deployments do"
     stop_process_group(up.process, timeout_s=60)
     assert up.process.returncode == 0, up.log_tail()

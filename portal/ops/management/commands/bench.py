@@ -115,6 +115,9 @@ class Command(BaseCommand):
         parser.add_argument("--api-clients", type=int, default=50)
         parser.add_argument("--api-seconds", type=float, default=10.0)
         parser.add_argument(
+            "--api-portal-workers", type=int, default=StackOptions.portal_workers, help="gunicorn workers of the portal"
+        )
+        parser.add_argument(
             "--reconcile-jobs", type=int, default=100, help="running jobs of the reconciler sweep run (0: skip)"
         )
         parser.add_argument("--reconcile-shards", type=int, default=1000, help="dispatched shards a job")
@@ -204,6 +207,7 @@ class Command(BaseCommand):
                 jobs=options["api_jobs"],
                 clients=options["api_clients"],
                 seconds=options["api_seconds"],
+                portal_workers=options["api_portal_workers"],
                 say=self.stdout.write,
             )
             self.stdout.write(render_api(api))
