@@ -110,7 +110,6 @@ def _copy(key: ApiKey) -> ApiKey:
 
 def bump_epoch() -> None:
     """Make every process read keys from the database again: now, and once more on commit."""
-    _entries.clear()
     _increment()
     transaction.on_commit(_increment)
 
