@@ -41,6 +41,14 @@ ENGINE_ERROR = "engine_error"
 OUT_OF_MEMORY = "out_of_memory"
 """Error code of a record that ran out of memory alone, after its micro-batch was split down to it."""
 
+LENGTH_SORT_WINDOW = 4
+"""Micro-batches of records sorted by length together for an engine that pads to the longest input of a
+batch (`PadsToLongest`). On `make bench`'s 20,000 sentences, the tokens the bundled model reads per record,
+padding included (21.2 without): 24.3 in micro-batches of 256 taken as they come, 22.5 with the engine
+sorting each by token counts, 21.8 with windows of four sorted by characters first; the bare loop, one
+`encode` over all its sentences, reads 24.0. The window's results come out when all of it ran, in input
+order, so a larger one would hold back writing and the shard's end for little more."""
+
 INPUT_TOO_LONG = "input_too_long"
 """Error code of a record longer than its model takes, refused before it runs unless its params say
 ``truncate: true``."""
@@ -108,8 +116,11 @@ def run_records(
 ) -> Iterator[RecordResult]:
     """Run ``(custom_id, input)`` items through ``engine`` in micro-batches; yield results in input order.
 
-    After each micro-batch's results are yielded, ``on_progress(records_done, errors)`` is called
-    with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
+    An engine that pads to the longest input of a batch (`PadsToLongest`) gets each window of
+    `LENGTH_SORT_WINDOW` micro-batches sorted by input length before it is cut, and that window's results
+    come out, in input order, when all of it ran; any other engine gets the micro-batches in input order,
+    each one's results out as soon as it ran. After each micro-batch, ``on_progress(records_done, errors)``
+    is called with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
     the iterator ends, and cancelling is the caller's business. ``on_out_of_memory_split(records)``
     is called each time a batch of that many records ran out of memory and is split in halves, and
     ``on_micro_batch(records)`` with the size of each micro-batch before it runs.
@@ -117,23 +128,48 @@ def run_records(
     limit): they end the run instead of being isolated.
 
     Raises `StickyDeviceError`, chained to the engine's error, when the device's context broke; the
-    results yielded before it stand, the rest of the items are not run.
+    results yielded before it stand, the rest of the items (the window's too) are not run.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be at least 1, not {micro_batch_size}")
+    sorting = bool(getattr(engine, "pads_to_longest", False))
+    window = micro_batch_size * (LENGTH_SORT_WINDOW if sorting else 1)
     done = errors = 0
-    for start in range(0, len(items), micro_batch_size):
-        if should_stop is not None and should_stop():
-            return
-        batch = items[start : start + micro_batch_size]
-        if on_micro_batch is not None:
-            on_micro_batch(len(batch))
-        results = _run_within_limits(engine, batch, params, on_out_of_memory_split, propagate)
-        yield from results
-        done += len(results)
-        errors += sum(result.error is not None for result in results)
-        if on_progress is not None:
-            on_progress(done, errors)
+    for window_start in range(0, len(items), window):
+        span = items[window_start : window_start + window]
+        order = sorted(range(len(span)), key=lambda index: _length(span[index][1])) if sorting else None
+        ordered = span if order is None else [span[index] for index in order]
+        ran: list[RecordResult] = []
+        for start in range(0, len(ordered), micro_batch_size):
+            if should_stop is not None and should_stop():
+                return
+            batch = ordered[start : start + micro_batch_size]
+            if on_micro_batch is not None:
+                on_micro_batch(len(batch))
+            results = _run_within_limits(engine, batch, params, on_out_of_memory_split, propagate)
+            if order is None:
+                yield from results
+            else:
+                ran.extend(results)
+            done += len(results)
+            errors += sum(result.error is not None for result in results)
+            if on_progress is not None:
+                on_progress(done, errors)
+        if order is not None:
+            restored: list[RecordResult] = [ran[0]] * len(ran)
+            for position, index in enumerate(order):
+                restored[index] = ran[position]
+            yield from restored
+
+
+def _length(value: Any) -> int:
+    """How long an input is, as far as padding goes: characters of a text (a cheap stand-in for its
+    tokens), the tokens of a token array, the sum over a list of texts."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(len(item) if isinstance(item, str) else 1 for item in value)
+    return 0
 
 
 def _run_within_limits(

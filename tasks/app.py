@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery import Celery
 
 from tasks import logging_setup  # noqa: F401  (json logs; each task's job on its records)
+from tasks.broker_transport import register_broker_transport
 from tasks.config import celery_settings
 
 SLOT_TASK_MODULES = ("tasks.run_shard", "tasks.diagnostics")
@@ -28,6 +29,7 @@ CONTROL_TASK_MODULES = (
 DB_REUSE_MAX_TASKS = 1000
 """Tasks a worker process runs on one database connection before Celery's Django fixup closes it."""
 
+register_broker_transport()
 app = Celery("batchery")
 app.conf.update(celery_settings())
 # Unless told otherwise, Celery's Django fixup closes the database connection before and after every

@@ -83,6 +83,10 @@ if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
         f"BATCHERY_VISIBILITY_TIMEOUT_S={VISIBILITY_TIMEOUT_S} must exceed the shard time limit "
         f"({SHARD_HARD_TIME_LIMIT_S} s), or a running shard is handed to a second worker"
     )
+# Planning and merging read and write whole inputs and outputs, minutes for a large one: their limit
+# is their own, not the shard's, which a site may set short (the tests' stacks set 20 s).
+CONTROL_HARD_TIME_LIMIT_S = env_int("BATCHERY_CONTROL_TIME_LIMIT_S", 3600, minimum=10)
+CONTROL_SOFT_TIME_LIMIT_S = max(CONTROL_HARD_TIME_LIMIT_S - 60, CONTROL_HARD_TIME_LIMIT_S // 2)
 # On SIGTERM a slot's worker (the launcher remaps it to Celery's soft shutdown) lets its running
 # shard go on this long, then stops it; the message goes back to the queue. By default a shard may
 # finish; an orchestrator with a short grace period sets it shorter.

@@ -13,6 +13,8 @@ from typing import Any
 from celery import Task
 from django.db import InterfaceError, OperationalError
 
+from tasks.config import CONTROL_HARD_TIME_LIMIT_S, CONTROL_SOFT_TIME_LIMIT_S
+
 logger = logging.getLogger("batchery.control")
 
 
@@ -39,6 +41,9 @@ class ControlTask(Task):
     retry_backoff = 2
     retry_backoff_max = 60
     max_retries = 30
+    # Over the app's defaults, which are the shards' limits (`tasks.config`).
+    time_limit = CONTROL_HARD_TIME_LIMIT_S
+    soft_time_limit = CONTROL_SOFT_TIME_LIMIT_S
     #: Statuses from which a failure of this task fails the job; others are left to their owner.
     fails_job_from: frozenset[str] = frozenset()
 

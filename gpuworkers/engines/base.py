@@ -42,6 +42,14 @@ class LengthLimited(Protocol):
         """For each input, what makes it too long for the model (its length and the limit), or None."""
 
 
+class PadsToLongest(Protocol):
+    """An engine whose forward passes pad every input to the longest of its batch (BERT-style encoders):
+    it wastes less the closer in length the inputs it gets together, and `gpuworkers.batching` sorts a
+    window of several micro-batches by length before cutting them when ``pads_to_longest`` is true."""
+
+    pads_to_longest: bool
+
+
 def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = True) -> list[str | None]:
     """`LengthLimited.too_long`'s answer for inputs of these token counts against a limit (None: no limit)."""
     hint = " (truncate: true cuts it to fit)" if truncatable else ""

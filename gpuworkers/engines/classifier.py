@@ -29,6 +29,9 @@ class SequenceClassifierEngine(TorchModelHolder):
     keeps its first tokens.
     """
 
+    # Each forward pass pads its texts, taken in the micro-batch's order, to the longest of them.
+    pads_to_longest = True
+
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._model: Any = None

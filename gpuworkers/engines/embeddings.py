@@ -32,6 +32,7 @@ class EmbeddingInputs:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.pads_to_longest = bool(getattr(engine, "pads_to_longest", False))
 
     def load(self, *, device: str) -> None:
         self.engine.load(device=device)

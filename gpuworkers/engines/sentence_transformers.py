@@ -34,6 +34,9 @@ class SentenceTransformersEngine(TorchModelHolder):
     (float16 weights on a GPU, the default there; never on the CPU).
     """
 
+    # SentenceTransformer.encode sorts its inputs by length, but only those of one call: a micro-batch.
+    pads_to_longest = True
+
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._model: SentenceTransformer | None = None
@@ -76,19 +79,10 @@ class SentenceTransformersEngine(TorchModelHolder):
         normalize = params.get("normalize", False)
         texts = [item for item in items if isinstance(item, str)]
         arrays = [item for item in items if not isinstance(item, str)]
-        embedded_texts = iter(
-            model.encode(
-                texts,
-                batch_size=batch_size,
-                normalize_embeddings=normalize,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-            if texts
-            else []
-        )
+        counts = self._usage_counts(model, texts) if texts else []
+        embedded_texts = iter(_encode_by_tokens(model, texts, counts, batch_size, normalize))
         embedded_arrays = iter(_encode_token_arrays(model, arrays, batch_size, normalize) if arrays else [])
-        text_counts = iter(self._usage_counts(model, texts) if texts else [])
+        text_counts = iter(counts)
         limit = model.max_seq_length
         return [
             # The array stays numpy: orjson writes float32 directly, in half the bytes of Python floats.
@@ -141,6 +135,32 @@ class SentenceTransformersEngine(TorchModelHolder):
 def _kept(tokens: int, limit: int | None) -> int:
     """Of an input of ``tokens`` tokens, those the model reads: truncation keeps the first ``limit``."""
     return tokens if limit is None else min(tokens, limit)
+
+
+def _encode_by_tokens(
+    model: SentenceTransformer, texts: list[str], tokens: list[int], batch_size: int, normalize: bool
+) -> list[Any]:
+    """The texts' embeddings, in order, from forward passes of ``batch_size`` texts of close token counts.
+
+    `SentenceTransformer.encode` sorts a call's texts by characters, a loose stand-in for tokens: on
+    `make bench`'s sentences, forward passes of 32 of a micro-batch of 256 so sorted read 15 % more
+    tokens than the texts hold, padding included; sorted by their token counts, 6.5 %. One call per
+    forward pass keeps this order.
+    """
+    embedded: list[Any] = [None] * len(texts)
+    order = sorted(range(len(texts)), key=tokens.__getitem__)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        vectors = model.encode(
+            [texts[index] for index in chunk],
+            batch_size=batch_size,
+            normalize_embeddings=normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        for index, vector in zip(chunk, vectors, strict=True):
+            embedded[index] = vector
+    return embedded
 
 
 def _encode_token_arrays(

@@ -202,7 +202,16 @@ def slow_proxy(moto_url: str) -> Iterator[ThrottledProxy]:
 
 def staged_bytes(env: dict[str, str]) -> int:
     tmp = Path(env["BATCHERY_MODEL_CACHE_DIR"]) / "tmp"
-    return sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if tmp.exists() else 0
+    total = 0
+    # The download renames its part files and directories while this walks them: os.walk skips a directory that
+    # vanished, and a file listed may be gone by its stat.
+    for directory, _, names in os.walk(tmp):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(directory, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 # 1. Two slots, one download

@@ -75,6 +75,33 @@ def test_embeddings_keep_input_order(engine: SentenceTransformersEngine) -> None
         assert cosine(response["embedding"], other["embedding"]) > 0.9999
 
 
+def test_each_forward_pass_takes_texts_of_close_token_counts_and_answers_come_back_in_input_order(
+    engine: SentenceTransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = engine._model
+    assert model is not None
+    # Characters and tokens disagree: the long word is one token per few characters, the digits many.
+    texts = ["antidisestablishmentarianism", "1 2 3 4 5 6 7 8", "ok", "a b c d e f g h i j", "hello there", "x y"]
+    tokens = [len(model.tokenizer(text)["input_ids"]) for text in texts]
+    passes: list[list[str]] = []
+    encode = model.encode
+
+    def recorded(sentences: list[str], **options: Any) -> Any:
+        passes.append(list(sentences))
+        return encode(sentences, **options)
+
+    monkeypatch.setattr(model, "encode", recorded)
+    responses = engine.run_batch(texts, {"batch_size": 2})
+
+    by_tokens = sorted(texts, key=lambda text: tokens[texts.index(text)])
+    assert passes == [by_tokens[0:2], by_tokens[2:4], by_tokens[4:6]]
+    monkeypatch.undo()
+    for text, response in zip(texts, responses, strict=True):
+        alone = engine.run_batch([text], {})[0]
+        np.testing.assert_allclose(response["embedding"], alone["embedding"], atol=1e-5)
+        assert response["usage"] == alone["usage"]
+
+
 def test_normalize_gives_unit_length_embeddings(engine: SentenceTransformersEngine) -> None:
     (response,) = engine.run_batch(["hello world"], {"normalize": True})
 

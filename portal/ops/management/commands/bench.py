@@ -80,7 +80,9 @@ class Command(BaseCommand):
     help = "Benchmark a whole-stack embedding job against the bare model loop, then planning and merging."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--sentences", type=int, default=20_000)
+        parser.add_argument(
+            "--sentences", type=int, default=20_000, help="records of the stack against the bare loop run (0: skip)"
+        )
         parser.add_argument("--shard-size", type=int, default=None)
         # A slot per core: the fastest split of a CPU machine for this small model (see gpuworkers.slots).
         parser.add_argument("--cpu-slots", type=int, default=os.cpu_count() or 1)
@@ -135,7 +137,8 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         if not options["only_io"]:
             with shared_broker():
-                self.stack_bench(options)
+                if options["sentences"]:
+                    self.stack_bench(options)
                 if options["metrics_sentences"]:
                     self.metrics_bench(options)
                 if options["fairness_slots"]:
