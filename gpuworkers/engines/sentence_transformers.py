@@ -34,7 +34,7 @@ class SentenceTransformersEngine(TorchModelHolder):
     (float16 weights on a GPU, the default there; never on the CPU).
     """
 
-    # SentenceTransformer.encode sorts its inputs by length, but only those of one call: a micro-batch.
+    # It orders a micro-batch's forward passes by token counts; grouping across micro-batches is batching's.
     pads_to_longest = True
 
     def __init__(self, spec: ModelSpec) -> None:
