@@ -178,6 +178,9 @@ BATCHERY_SCHEDULER_DEFAULT_WINDOW = env_int("BATCHERY_SCHEDULER_DEFAULT_WINDOW",
 # shard) and this many, so that it never idles while its last shard's ending is being settled.
 BATCHERY_SCHEDULER_SECONDS_AHEAD = env_float("BATCHERY_SCHEDULER_SECONDS_AHEAD", 1.0, minimum=0.0)
 BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT", 64, minimum=1)
+# A job of at most this many records merges in the callback that settled its last shard instead of
+# in a merge task of its own: one message hop less, most of a small job's tail; 0 sends every merge.
+BATCHERY_INLINE_MERGE_MAX_RECORDS = env_int("BATCHERY_INLINE_MERGE_MAX_RECORDS", 100, minimum=0)
 # Stragglers: once a job has no shard left to send, a slot that would idle runs a copy of its slowest
 # running shard (one copy per shard at most); the first commit wins and the other attempt stops.
 BATCHERY_SPECULATION = env_bool("BATCHERY_SPECULATION", True)

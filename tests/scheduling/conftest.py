@@ -11,15 +11,19 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
+from portal.scheduling import capacity
+from tasks.config import gpu_queue
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
-from tests.factories import ModelFactory
+from tests.factories import GpuClassFactory, ModelFactory
 from tests.support.chaos import CHAOS_ENV, ChaosStack, wait_for, write_records
 from tests.support.workers import database_url
 
@@ -99,3 +103,16 @@ def report(title: str, rows: list[tuple[str, str]]) -> None:
     with REPORT.open("a") as out:
         out.write(f"\n### {title}\n\n| measure | value |\n|---|---|\n")
         out.writelines(f"| {name} | {value} |\n" for name, value in rows)
+
+
+@pytest.fixture
+def gpu_class() -> Iterator[Any]:
+    """A class of its own, so that its queue holds only this test's messages; emptied afterwards."""
+    from tasks.app import app
+
+    gpu_class = GpuClassFactory(name=f"sched{uuid.uuid4().hex[:8]}")
+    capacity._cached = None
+    yield gpu_class
+    with app.connection_for_write() as connection:
+        connection.SimpleQueue(gpu_queue(gpu_class.name)).clear()
+    capacity._cached = None

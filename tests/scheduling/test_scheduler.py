@@ -7,7 +7,6 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +35,6 @@ from tasks.redis_client import redis_client
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def gpu_class() -> Iterator[Any]:
-    """A class of its own, so that its queue holds only this test's messages; emptied afterwards."""
-    from tasks.app import app
-
-    gpu_class = GpuClassFactory(name=f"sched{uuid.uuid4().hex[:8]}")
-    capacity._cached = None
-    yield gpu_class
-    with app.connection_for_write() as connection:
-        connection.SimpleQueue(gpu_queue(gpu_class.name)).clear()
-    capacity._cached = None
 
 
 def _running_job(tenant: Any, model: Any, root: Path, *, shards: int, records: int = 10, **fields: Any) -> Job:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -26,9 +27,10 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
+from gpuworkers.logs import log_context
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
-from portal.jobs.services.merge import job_merge_advance
+from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.jobs import shards_redispatched_record
@@ -255,7 +257,7 @@ def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
     for queue in sorted({job_queue(job) for job in jobs.values()}):
         schedule_queue(queue)
     for job in settled_jobs:
-        if not merge_when_settled(job):
+        if not merge_when_settled(job, small_here=True):
             # Stitch what has finished now, so the merge at the end has only the tail left.
             job_merge_advance(job_id=str(job.id), holder="settle")
     webhook_jobs_progress(jobs=settled_jobs)
@@ -285,18 +287,39 @@ def _refund(job: Job, shards: Sequence[Shard]) -> None:
     usage_charge(charges={job.tenant_id: -estimate}, gpu_class_id=job.model.gpu_class_id)
 
 
-def merge_when_settled(job: Job) -> bool:
-    """Send the merge of a running job none of whose shards of the current round is unsettled.
+def merge_when_settled(job: Job, *, small_here: bool = False) -> bool:
+    """Send the merge of a running job none of whose shards of the current round is unsettled; with
+    `small_here`, a job of at most `BATCHERY_INLINE_MERGE_MAX_RECORDS` records merges in this call.
 
     The status is read afresh: a shard's callback holds its job as read before it settled the shard,
     and the job may have ended planning since (a `planning` job never merges: its last shard is not
     cut yet), so that whichever of the two comes second sends the merge."""
-    if not Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).exists():
+    fresh = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).values("total_records").first()
+    if fresh is None:
         return False
     if Shard.objects.filter(job=job, round=job.retry_round, status__in=UNSETTLED).exists():
         return False
-    _send_merge(str(job.id))
+    records = fresh["total_records"]
+    if small_here and records is not None and records <= settings.BATCHERY_INLINE_MERGE_MAX_RECORDS:
+        _merge_here(str(job.id))
+    else:
+        _send_merge(str(job.id))
     return True
+
+
+def _merge_here(job_id: str) -> None:
+    """Merge a small job in the settling callback: the merge task's hop through the broker is most of
+    a one-record job's tail. Whatever stops it here, the merge task takes over and resumes it.
+
+    Its lines carry the job's id as the merge task's do: the callback itself may settle several jobs."""
+    try:
+        with log_context(job_id=job_id):
+            job_merge(job_id=job_id, holder=f"settle:{os.getpid()}")
+    except Exception:
+        logger.warning(
+            "job %s: merging in the settling callback failed; the merge task takes over", job_id, exc_info=True
+        )
+        _send_merge(job_id)
 
 
 def _send_merge(job_id: str) -> None:
