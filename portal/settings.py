@@ -188,8 +188,11 @@ BATCHERY_SPECULATION = env_bool("BATCHERY_SPECULATION", True)
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
 BATCHERY_STORAGE_URL = storage_url()
 # Inputs up to this size are checked line by line at submission, so a bad file is refused before a
-# job exists; larger ones are checked by the planner, which fails the job naming the lines.
-BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 256 * 1024 * 1024, minimum=0)
+# job exists; larger ones are checked by the planner while their first shards run, which fails the
+# job naming the lines (or the tenant's max_queued_records they pass). Small: the check reads the
+# whole input before the job exists (about 60 MB/s of sentences on one core), and a job's first
+# result is due within a second of its submission.
+BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 4 * 1024 * 1024, minimum=0)
 BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1)
 # `/v1/batches` input files up to this size are validated within the create request; larger ones by a
 # control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.

@@ -129,7 +129,9 @@ def celery_settings() -> dict[str, object]:
         "worker_proc_alive_timeout": float(PROCESS_START_TIMEOUT_S),
         "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
         "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),
-        "task_track_started": True,
+        # No STARTED state in the result backend: nothing reads it (a shard's live attempt is its lease,
+        # Flower has the task-started event), and writing it costs every task a round trip before it runs.
+        "task_track_started": False,
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "task_default_queue": CONTROL_QUEUE,

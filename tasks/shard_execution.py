@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 # Embeddings arrive as numpy arrays; orjson writes them without a detour through Python floats.
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+PROGRESS_INTERVAL_S = 0.1
+"""A running shard publishes its live progress at most this often (and once at its end): a person
+watching sees no difference, and a fast model's micro-batches do not each cost a Redis round trip."""
 
 
 def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: str) -> int:
@@ -130,8 +133,14 @@ def _run_attempt(
         # straggler, or the straggler itself) committed first, and this one's work can only be lost.
         return stop_reason(spec.job_id) is not None or store.exists(spec.commit_uri)
 
+    published_at = -PROGRESS_INTERVAL_S
+
     def on_progress(done: int, failed: int) -> None:
-        publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed)
+        nonlocal published_at
+        now = time.monotonic()
+        if now - published_at >= PROGRESS_INTERVAL_S:
+            published_at = now
+            publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed)
 
     compute_started = time.perf_counter()
     lines: Iterable[OutputLine] | None
@@ -185,7 +194,7 @@ def _run_attempt(
         store.delete_prefix(errors_uri)
         store.delete_prefix(piece.uri)
         return _abandoned(spec)
-    on_progress(counts["records"], counts["failed"])
+    publish_shard_progress(spec.job_id, spec.shard_index, done=counts["records"], failed=counts["failed"])
 
     manifest = ShardManifest(
         job_id=spec.job_id,

@@ -26,7 +26,7 @@ from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.jobs.models import Job, Shard
 from portal.jobs.selectors import quota_usage
 from portal.jobs.services.dispatch import job_queue
-from portal.jobs.services.plan import job_records
+from portal.jobs.services.plan import InputPosition, job_records
 from portal.jobs.services.scheduler import SCHEDULABLE
 from portal.jobs.services.settle import UNSETTLED
 from portal.jobs.services.shard_cut import CutShard, ShardCut, ShardCutter
@@ -269,11 +269,12 @@ def _read(
 ) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None]:
     """One pass over the input as the planner makes it: the check, the shard cuts, the token counts."""
     check = JsonlCheck()
-    cutter = ShardCutter(cut, input_field=input_field)
+    position = InputPosition()
+    cutter = ShardCutter(cut, input_field=input_field, bytes_read=position)
     tokens = _TokenTally(counter) if counter is not None else None
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     with input_errors():
-        for record in job_records(job, input_field=input_field, check=check, max_problems=limit):
+        for record in job_records(job, input_field=input_field, check=check, max_problems=limit, position=position):
             cutter.add(record)
             if tokens is not None:
                 tokens.add(record.line, record.data.get(input_field))

@@ -18,6 +18,10 @@ for the duplicate-id check. A bad line stops shard writing (the check goes on to
 line), and the job fails with those lines named: shards already sent are stopped as a cancel stops
 them, the shard inputs are deleted, and nothing is merged, so nothing is published.
 
+An input too large to count at submission (`BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES`) is held to its
+tenant's `max_queued_records` here instead: the job fails, as for a bad line, once its records read so
+far no longer fit beside the tenant's other queued records.
+
 A planner that died is replaced by the reconciler once its lease has lapsed and the job's
 `updated_at` (touched by a live planner every few seconds) has gone stale. The new planner reads the
 input again from its start, to check it whole, but writes only past the shards already created:
@@ -40,11 +44,14 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.selectors import quota_usage
 from portal.jobs.services.scheduler import merge_when_settled, schedule_job
 from portal.jobs.services.shard_cut import ShardCut, ShardCutter
 from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
+from portal.jobs.services.submit import exceeded_message
 from portal.jobs.services.transitions import job_fail, job_transition
+from portal.tenancy.models import Quota
 from tasks.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.formats.records import Record, input_field_for
@@ -92,9 +99,12 @@ class ShardWriter:
         first_index: int = 0,
         first_record: int = 0,
         on_shard: Callable[[PlannedShard], None] | None = None,
+        bytes_read: Callable[[], int | None] | None = None,
     ) -> None:
         self._root = root
-        self._cutter = ShardCutter(cut, input_field=input_field, first_number=first_index, first_record=first_record)
+        self._cutter = ShardCutter(
+            cut, input_field=input_field, first_number=first_index, first_record=first_record, bytes_read=bytes_read
+        )
         self._first_index = first_index
         self._first_record = first_record
         self._on_shard = on_shard
@@ -150,13 +160,38 @@ def job_input_options(job: Job) -> InputOptions:
     return InputOptions(format=job.input_format, text_column=job.text_column or None, id_column=job.id_column or None)
 
 
-def job_records(job: Job, *, input_field: str, check: JsonlCheck, max_problems: int) -> Iterator[Record]:
+class InputPosition:
+    """How far a pass over an input has read, in the input's own bytes (compressed, if it is): the
+    position of the stream it opened. None before it opens, once it has closed, or where the stream
+    cannot tell; read ahead of the records by the readers' buffers, which a large input dwarfs."""
+
+    def __init__(self) -> None:
+        self._stream: BinaryIO | None = None
+
+    def track(self, stream: BinaryIO) -> BinaryIO:
+        self._stream = stream
+        return stream
+
+    def __call__(self) -> int | None:
+        if self._stream is None:
+            return None
+        try:
+            return self._stream.tell()
+        except (OSError, ValueError, AttributeError):
+            return None
+
+
+def job_records(
+    job: Job, *, input_field: str, check: JsonlCheck, max_problems: int, position: InputPosition | None = None
+) -> Iterator[Record]:
     """The job's valid input records in order, each problem counted into `check`; once the last is
-    read, the second pass that names duplicate ids runs where two ids may collide."""
+    read, the second pass that names duplicate ids runs where two ids may collide. `position` follows
+    the first pass."""
     store = store_for(job.input_uri)
     options = job_input_options(job)
+    tracked = position if position is not None else InputPosition()
     yield from iter_records(
-        lambda: store.open_read(job.input_uri),
+        lambda: tracked.track(store.open_read(job.input_uri)),
         uri=job.input_uri,
         options=options,
         input_field=input_field,
@@ -178,6 +213,37 @@ def job_records(job: Job, *, input_field: str, check: JsonlCheck, max_problems: 
 
 class PlanningStopped(Exception):
     """The job left `planning` (cancelled, expired) while its planner was reading."""
+
+
+class RecordsOverQuota(Exception):
+    """The records read so far do not fit in the tenant's `max_queued_records`."""
+
+
+@dataclass(frozen=True)
+class RecordsRoom:
+    """What `max_queued_records` leaves a job whose records were not counted at submission."""
+
+    limit: int
+    used: int
+    """Records of the tenant's other jobs not ended; the job itself counts none until it is planned."""
+
+    def check(self, records: int) -> None:
+        if self.used + records > self.limit:
+            raise RecordsOverQuota(exceeded_message("max_queued_records", self.limit, self.used, f"at least {records}"))
+
+
+def records_room(job: Job) -> RecordsRoom | None:
+    """The room left under the tenant's `max_queued_records`; None: no such limit, or the job's records
+    were counted (and held to it) at submission.
+
+    Read once, when planning starts: two large jobs of a tenant planned at the same moment may each
+    fit alone and not together, as two submissions would if the quota row were not locked."""
+    if job.total_records is not None:
+        return None
+    limit = Quota.objects.filter(tenant_id=job.tenant_id).values_list("max_queued_records", flat=True).first()
+    if limit is None:
+        return None
+    return RecordsRoom(limit=limit, used=quota_usage(tenant_ids=[job.tenant_id])[job.tenant_id].queued_records)
 
 
 class StreamingDispatch:
@@ -241,6 +307,7 @@ def _planned_so_far(job: Job) -> tuple[int, int]:
 def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch) -> JsonlCheck:
     first_index, covered = _planned_so_far(job)
     check = JsonlCheck()
+    position = InputPosition()
     writer = ShardWriter(
         job_root(job),
         ShardCut.for_job(job),
@@ -248,10 +315,16 @@ def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: Stre
         first_index=first_index,
         first_record=covered,
         on_shard=dispatch.shard_written,
+        bytes_read=position,
     )
     writing = True
+    room = records_room(job)
     try:
-        for record in job_records(job, input_field=input_field, check=check, max_problems=max_problems):
+        for record in job_records(
+            job, input_field=input_field, check=check, max_problems=max_problems, position=position
+        ):
+            if room is not None:
+                room.check(check.records)
             if check.problem_count:
                 if writing:
                     # A bad line: the shard being written never gets a row; the check reads on.
@@ -294,6 +367,9 @@ def _plan(job_id: str) -> None:
         check = _cut_shards(job, input_field=input_field_for(job.model.task), max_problems=limit, dispatch=dispatch)
     except PlanningStopped:
         logger.info("job %s left planning while its input was read; planning stops", job_id)
+        return
+    except RecordsOverQuota as exc:
+        _refuse(job, str(exc))
         return
     except StorageError as exc:
         _refuse(job, f"cannot read the input: {exc}")

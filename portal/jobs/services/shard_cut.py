@@ -8,6 +8,7 @@ shards through them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +38,17 @@ class ShardCut:
     so that a job's first results come within a second whatever its size (slow start), while
     its later shards are as large as the target; None: every shard at the target."""
     guided_spread: int = 0
-    """Cutting by cost, a job whose size is known at submission: each shard ends at the job's work
-    left divided by this many shards a slot (down to `min_seconds`): guided self-scheduling, in its
-    factoring variant. Shards shrink as the job nears its end, so its slots end together: a slot
-    slower by a tenth, or an estimate off by as much, leaves the others idle for a fraction of the
-    last, shortest shards, not of an average one. 0: no shrinking."""
+    """Cutting by cost: each shard ends at the job's work left divided by this many shards a slot
+    (down to `min_seconds`): guided self-scheduling, in its factoring variant. Shards shrink as the
+    job nears its end, so its slots end together: a slot slower by a tenth, or an estimate off by as
+    much, leaves the others idle for a fraction of the last, shortest shards, not of an average one.
+    The work left comes from the records counted at submission, or for an input too large to count
+    there, from the bytes of it not yet read (`ShardCutter`). 0: no shrinking."""
     total_records: int = 0
-    """The job's records, its estimated seconds, its queue's slots and the least seconds a shard is
-    cut at, for the guided shrinking."""
+    """The job's records (0: not counted at submission), its estimated seconds, its input's bytes, its
+    queue's slots and the least seconds a shard is cut at, for the guided shrinking."""
     whole_seconds: float = 0.0
+    input_bytes: int = 0
     slots: int = 1
     min_seconds: float = 0.0
 
@@ -62,34 +65,39 @@ class ShardCut:
             total_records=job.total_records or 0,
             # The input's bytes stand in for its characters.
             whole_seconds=cost.seconds(job.total_records, job.input_bytes) if job.total_records else 0.0,
+            input_bytes=job.input_bytes or 0,
             slots=queue_slots(job_queue(job)),
             min_seconds=settings.BATCHERY_MIN_SHARD_SECONDS,
         )
 
-    def target_of(self, shard_number: int, *, records_before: int = 0) -> float:
+    def target_of(self, shard_number: int, *, records_before: int = 0, left_seconds: float | None = None) -> float:
         """The estimated seconds at which the job's `shard_number`-th shard (from 0), starting after
-        `records_before` records, ends: the target, the slow start's, and near the end of a job of
-        known size its work left over `guided_spread` shards a slot, whichever is least."""
+        `records_before` records, ends: the target, the slow start's, and near the end of the job its
+        work left over `guided_spread` shards a slot, whichever is least. The work left is
+        `left_seconds` where given, else what the records counted at submission leave."""
         target = self.target_seconds
         if self.first_seconds is not None and shard_number < 64:
             target = min(target, self.first_seconds * 2**shard_number)
-        if self.total_records and self.guided_spread:
-            left = max(self.total_records - records_before, 0) / self.total_records * self.whole_seconds
-            target = min(target, max(self.min_seconds, left / (self.guided_spread * self.slots)))
+        if self.guided_spread:
+            if left_seconds is None and self.total_records:
+                left_seconds = max(self.total_records - records_before, 0) / self.total_records * self.whole_seconds
+            if left_seconds is not None:
+                target = min(target, max(self.min_seconds, left_seconds / (self.guided_spread * self.slots)))
         return target
 
-    def ends_before(
-        self, *, records: int, seconds: float, next_seconds: float, shard_number: int = 0, records_before: int = 0
-    ) -> bool:
-        """Whether the `shard_number`-th shard (from 0), starting after `records_before` records and
-        holding `records` records estimated at `seconds`, ends before the next record."""
+    def limit_of(self, shard_number: int, *, records_before: int = 0, left_seconds: float | None = None) -> float:
+        """The estimated seconds a shard may not pass (`ends_before`): its target, with a tolerance
+        that keeps 20 records of 0.05 s in a 1 s shard although their float sum is 1.0000000000000002.
+        The same for all of a shard's records, so the cutter computes it once a shard."""
+        return self.target_of(shard_number, records_before=records_before, left_seconds=left_seconds) * (1 + 1e-9)
+
+    def ends_before(self, records: int, seconds: float, next_seconds: float, limit: float) -> bool:
+        """Whether a shard holding `records` records estimated at `seconds`, whose limit is `limit`
+        (`limit_of`), ends before the next record, estimated at `next_seconds`."""
         if self.shard_size is not None:
             return records >= self.shard_size
-        # A record dearer than the target still gets a shard: it is never cut before its first. The
-        # tolerance keeps 20 records of 0.05 s in a 1 s shard although their float sum is 1.0000000000000002.
-        target = self.target_of(shard_number, records_before=records_before)
-        over = seconds + next_seconds > target * (1 + 1e-9)
-        return records >= self.max_records or (records > 0 and over)
+        # A record dearer than the target still gets a shard: it is never cut before its first.
+        return records >= self.max_records or (records > 0 and seconds + next_seconds > limit)
 
 
 def input_chars(value: Any) -> int:
@@ -124,11 +132,27 @@ class CutShard:
 
 class ShardCutter:
     """Follows `cut` over records in input order and says where each shard starts, writing nothing:
-    the planner's `ShardWriter` and the dry run (`dry_run.py`) cut the same shards through it."""
+    the planner's `ShardWriter` and the dry run (`dry_run.py`) cut the same shards through it.
 
-    def __init__(self, cut: ShardCut, *, input_field: str, first_number: int = 0, first_record: int = 0) -> None:
+    For a job whose records were not counted at submission, `bytes_read` (the input's bytes read so
+    far, None where unknown) gives the guided shrinking its work left: the seconds cut so far, scaled
+    by the bytes not yet read to those read."""
+
+    def __init__(
+        self,
+        cut: ShardCut,
+        *,
+        input_field: str,
+        first_number: int = 0,
+        first_record: int = 0,
+        bytes_read: Callable[[], int | None] | None = None,
+    ) -> None:
         self._cut = cut
         self._input_field = input_field
+        # A planner resumed past shards it does not cut again has no estimate of what it read before.
+        self._bytes_read = bytes_read if first_record == 0 and not cut.total_records and cut.input_bytes else None
+        self._seconds_cut = 0.0
+        """Estimated seconds of the shards ended so far."""
         self._number = first_number
         """The job's number (from 0) of the shard being cut: a replan goes on where the last stopped."""
         self._before = first_record
@@ -137,6 +161,7 @@ class ShardCutter:
         self._count = 0
         self._chars = 0
         self._seconds = 0.0
+        self._limit = self._next_limit()
         self.ended: list[CutShard] = []
         """The shards ended so far, in order."""
 
@@ -146,13 +171,7 @@ class ShardCutter:
         # A text, the common case, without the walk's call and stack.
         chars = len(value) if isinstance(value, str) else input_chars(value)
         seconds = self._cut.cost.seconds(1, chars)
-        starts = self._count == 0 or self._cut.ends_before(
-            records=self._count,
-            seconds=self._seconds,
-            next_seconds=seconds,
-            shard_number=self._number,
-            records_before=self._before,
-        )
+        starts = self._count == 0 or self._cut.ends_before(self._count, self._seconds, seconds, self._limit)
         if starts:
             self._end()
         self._count += 1
@@ -171,12 +190,25 @@ class ShardCutter:
                 estimated_seconds=self._cut.cost.seconds(self._count, self._chars),
             )
         )
+        self._seconds_cut += self._seconds
         self._first += self._count
         self._before += self._count
         self._number += 1
         self._count = 0
         self._chars = 0
         self._seconds = 0.0
+        self._limit = self._next_limit()
+
+    def _next_limit(self) -> float:
+        return self._cut.limit_of(self._number, records_before=self._before, left_seconds=self._left_seconds())
+
+    def _left_seconds(self) -> float | None:
+        if self._bytes_read is None or self._seconds_cut <= 0:
+            return None
+        read = self._bytes_read()
+        if not read:
+            return None
+        return self._seconds_cut * max(self._cut.input_bytes - read, 0) / read
 
     def close(self) -> list[CutShard]:
         self._end()

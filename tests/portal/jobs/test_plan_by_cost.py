@@ -261,3 +261,25 @@ def test_a_job_of_known_size_ends_in_shrinking_shards_so_its_slots_end_together(
     assert counts[-2] == 20, "down to the minimum second"
     assert sum(counts) == 4_000
     assert len(counts) < 40, "the shrinking costs a few shards, not hundreds"
+
+
+def test_a_job_too_large_to_count_at_submission_ends_in_shrinking_shards_too_from_the_bytes_left_to_read(
+    plan_sentences: Callable[[], list[Shard]], settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 2)
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 60
+    settings.BATCHERY_MIN_SHARD_SECONDS = 1
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 4  # the first shard's 80 records tell the bytes a record
+    settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0
+
+    shards = plan_sentences()
+
+    counts = [shard.record_count for shard in shards]
+    assert Job.objects.get(pk=shards[0].job_id).total_records == 4_000, "counted by its planner"
+    assert counts[:4] == [80, 160, 320, 640], "the slow start"
+    # 2,800 records (140 s) left after those, over four: 700 records, give or take the read-ahead.
+    assert 630 <= counts[4] <= 770
+    assert counts[4:] == sorted(counts[4:], reverse=True), "then shards only shrink"
+    assert counts[-2] == 20, "down to the minimum second"
+    assert sum(counts) == 4_000
+    assert len(counts) < 40

@@ -16,7 +16,7 @@ from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services import plan
 from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import job_submit
-from portal.tenancy.models import Tenant
+from portal.tenancy.models import Quota, Tenant
 from tasks.stops import stop_reason
 from tasks.storage import store_for
 
@@ -117,3 +117,47 @@ def test_a_planner_that_died_is_resumed_after_the_shards_it_created(
         for s in shards
     ]
     assert ids == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"], ["r8", "r9"]]
+
+
+def test_an_input_too_large_to_count_at_submission_is_held_to_the_tenants_queued_records_by_its_planner(
+    acme: Tenant, minilm: Any, write_jsonl: Callable[..., Path], settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    running = _planner_checked(acme, write_jsonl(_records(3), "running.jsonl"), settings, shard_size=2)
+    Job.objects.filter(pk=running.pk).update(status=JobStatus.RUNNING, total_records=3)
+    Quota.objects.filter(tenant=acme).update(max_queued_records=10)
+    fits = _planner_checked(acme, write_jsonl(_records(7), "fits.jsonl"), settings, shard_size=2)
+    too_many = _planner_checked(acme, write_jsonl(_records(12), "too-many.jsonl"), settings, shard_size=2)
+    assert fits.total_records is None and too_many.total_records is None, "not counted at submission"
+
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(fits.id))
+    fits.refresh_from_db()
+    assert (fits.status, fits.total_records) == (JobStatus.RUNNING, 7), fits.error
+
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(too_many.id))
+    too_many.refresh_from_db()
+    assert too_many.status == JobStatus.FAILED
+    # 3 + 7 queued already: its first record is one too many.
+    assert too_many.error == "quota max_queued_records exceeded: limit 10, in use 10, this job needs at least 1"
+    assert not too_many.shards.exists()
+    assert stop_reason(str(too_many.id)) == JobStatus.FAILED
+    assert not store_for(too_many.output_uri).exists(too_many.output_uri)
+
+
+def test_the_planner_stops_a_job_whose_records_pass_the_quota_after_its_first_shards_ran(
+    acme: Tenant, minilm: Any, write_jsonl: Callable[..., Path], settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    Quota.objects.filter(tenant=acme).update(max_queued_records=5)
+    job = _planner_checked(acme, write_jsonl(_records(9)), settings, shard_size=2)
+
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.error == "quota max_queued_records exceeded: limit 5, in use 0, this job needs at least 6"
+    shards = list(job.shards.order_by("index"))
+    assert [(s.first_record, s.record_count) for s in shards] == [(0, 2), (2, 2)]
+    assert not any(store_for(s.input_uri).exists(s.input_uri) for s in shards)
+    assert stop_reason(str(job.id)) == JobStatus.FAILED

@@ -289,8 +289,9 @@ class Command(BaseCommand):
         self.stdout.write(f"ratio to one process {stack_rate / bare:8.3f}  (stack / bare model loop)")
         self.stdout.write(f"engine time          {compute:8.1f} s summed over shards; the rest is overhead")
         first = job.shards.order_by("finished_at").values_list("finished_at", "record_count").first()
-        if first is not None and first[0] is not None:
-            seconds = (first[0] - job.created_at).total_seconds()
+        if first is not None and first[0] is not None and job.finished_at is not None:
+            # From submission, as `elapsed` is: a small input is checked whole before the job's row exists.
+            seconds = (first[0] - job.finished_at).total_seconds() + elapsed
             self.stdout.write(f"first result         {seconds:8.2f} s  (the first shard's {first[1]} records; <= 1 s)")
         if large is not None:
             self.stdout.write(
