@@ -189,9 +189,13 @@ def job_records(
     the first pass."""
     store = store_for(job.input_uri)
     options = job_input_options(job)
-    tracked = position if position is not None else InputPosition()
+
+    def open_input() -> BinaryIO:
+        stream = store.open_read(job.input_uri)
+        return position.track(stream) if position is not None else stream
+
     yield from iter_records(
-        lambda: tracked.track(store.open_read(job.input_uri)),
+        open_input,
         uri=job.input_uri,
         options=options,
         input_field=input_field,
