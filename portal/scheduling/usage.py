@@ -42,7 +42,8 @@ def usage_charge(*, charges: Mapping[int, float], gpu_class_id: int, now: dt.dat
     """Add GPU-seconds (negative: a correction) to tenants' usage on a class, decaying what was there."""
     now = now or timezone.now()
     half_life = settings.BATCHERY_FAIR_SHARE_HALF_LIFE_S
-    with transaction.atomic():
+    # All the charges or none; inside a caller's transaction (a tick), its own, with no savepoint of ours.
+    with transaction.atomic(savepoint=False):
         for tenant_id in sorted(charges):
             row, _ = FairShareUsage.objects.select_for_update().get_or_create(
                 tenant_id=tenant_id, gpu_class_id=gpu_class_id, defaults={"updated_at": now}

@@ -92,8 +92,11 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # The filters narrow the list. A job named by its id is found whatever the query string says, and
-        # building the filter set for it took a fifth of a status request's time.
-        return super().filter_queryset(queryset) if self.action == "list" else queryset
+        # building the filter set for it took a fifth of a status request's time; a list asked without
+        # any filter is not narrowed, and building the filter set for it took a tenth of the page's.
+        if self.action != "list" or not any(name in self.request.query_params for name in JobFilter.base_filters):
+            return queryset
+        return super().filter_queryset(queryset)
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # The page's live progress in one Redis round trip, not one per running job.

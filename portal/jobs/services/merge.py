@@ -70,10 +70,12 @@ class ShardOutcome:
 
 
 def _record_outcome(outcome: ShardOutcome) -> None:
-    if outcome.manifest is None:
-        shard_record_failure(outcome.shard, reason=outcome.failure, code=outcome.code)
-    else:
-        shard_record_success(outcome.shard, outcome.manifest)
+    shard, manifest = outcome.shard, outcome.manifest
+    if manifest is None:
+        shard_record_failure(shard, reason=outcome.failure, code=outcome.code)
+    elif not (shard.status == ShardStatus.SUCCEEDED and shard.attempt_id == manifest.attempt_id):
+        # Its settling recorded most shards already, as the row read for this merge shows.
+        shard_record_success(shard, manifest)
 
 
 def _copy(uri: str, target: BinaryIO) -> None:
@@ -386,7 +388,6 @@ def _wait_for_advances(job_id: str) -> None:
 
 def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -> None:
     """Merge a running job once its shards are done, or at once a job stopped with `stop`."""
-    job = Job.objects.select_related("model").get(pk=job_id)
     # A merge that died mid-way (its message redelivered, or sent again by the reconciler) resumes.
     if stop == "cancelled":
         resumable = {JobStatus.CANCELLING}
@@ -394,15 +395,15 @@ def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -
         resumable = {JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.MERGING}  # a deadline runs on while paused
     else:
         resumable = {JobStatus.RUNNING, JobStatus.MERGING}
-    if job.status not in resumable:
-        logger.info("job %s is %s; nothing to merge", job_id, job.status)
-        return
     try:
         with Lease(job_lease_key("merge", job_id), holder, exclusive=True):
             _wait_for_advances(job_id)
-            job.refresh_from_db()
-            if job.status in resumable:
-                _merge(job, stop=stop)
+            # Read under the lease: what an earlier holder did is in the row.
+            job = Job.objects.select_related("model").get(pk=job_id)
+            if job.status not in resumable:
+                logger.info("job %s is %s; nothing to merge", job_id, job.status)
+                return
+            _merge(job, stop=stop)
     except LeaseHeld as held:
         logger.info("job %s is being merged by %s already", job_id, held.holder)
 

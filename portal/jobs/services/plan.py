@@ -40,12 +40,13 @@ from typing import BinaryIO
 import orjson
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.selectors import quota_usage
-from portal.jobs.services.scheduler import merge_when_settled, schedule_job
+from portal.jobs.services.dispatch import job_queue
+from portal.jobs.services.scheduler import merge_when_settled, schedule_job, schedule_queue
 from portal.jobs.services.shard_cut import ShardCut, ShardCutter
 from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
@@ -304,8 +305,8 @@ def _planned_so_far(job: Job) -> tuple[int, int]:
     """(shards, records) an earlier planner of this job already created: planning resumes after them.
 
     Shards are created in index order, one at a time, so the first `shards` indices are taken."""
-    shards = job.shards.filter(round=0)
-    return shards.count(), shards.aggregate(records=Sum("record_count"))["records"] or 0
+    planned = job.shards.filter(round=0).aggregate(shards=Count("id"), records=Sum("record_count"))
+    return planned["shards"], planned["records"] or 0
 
 
 def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch) -> JsonlCheck:
@@ -364,7 +365,7 @@ def job_plan(*, job_id: str, holder: str = "planner") -> None:
 
 
 def _plan(job_id: str) -> None:
-    job = Job.objects.select_related("model").get(pk=job_id)
+    job = Job.objects.select_related("model__gpu_class").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     dispatch = StreamingDispatch(job)
     try:
@@ -385,29 +386,31 @@ def _plan(job_id: str) -> None:
         _refuse(job, f"input rejected: {check.summary(limit=limit)}")
         return
 
+    shard_count = job.shards.filter(round=0).count()
     with transaction.atomic():
         moved = job_transition(
             job_id=job_id,
             source=JobStatus.PLANNING,
             target=JobStatus.RUNNING,
             total_records=check.records,
-            shard_count=job.shards.filter(round=0).count(),
+            shard_count=shard_count,
             started_at=timezone.now(),
         )
         if not moved:
             # Cancelled or expired while planning: its shards stay unsent, those sent were stopped.
             return
-        transaction.on_commit(lambda: _planning_ended(job_id))
+        transaction.on_commit(lambda: _planning_ended(job, shard_count))
     logger.info("job %s planned: %d records", job_id, check.records)
 
 
-def _planning_ended(job_id: str) -> None:
+def _planning_ended(job: Job, shard_count: int) -> None:
     """Send what is left to send; merge at once if every shard already finished while planning went on
-    (their callbacks found the job `planning` and did not merge)."""
-    schedule_job(job_id=job_id)
-    job = Job.objects.get(pk=job_id)
-    if job.shard_count:
-        merge_when_settled(job)
+    (their callbacks found the job `planning` and did not merge). A job without shards merges."""
+    if not shard_count:
+        schedule_job(job_id=str(job.id))
+        return
+    schedule_queue(job_queue(job))
+    merge_when_settled(job)
 
 
 def _refuse(job: Job, reason: str) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, Exists, F, OuterRef
 from django.utils import timezone
 
 from gpuworkers.logs import log_context
@@ -66,6 +66,8 @@ def _jobs_on(queue: str) -> list[Job]:
 
 def schedule_queue(queue: str) -> int:
     """Fill the queue's free places with waiting shards in fair-share order; return how many were sent."""
+    if _nothing_to_send():
+        return 0
     claimed: list[tuple[Job, list[Shard]]] = []
     with transaction.atomic():
         _lock_queue(queue)
@@ -83,7 +85,8 @@ def schedule_queue(queue: str) -> int:
         if not waiting:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
             done_planning = [job for job in jobs if job.status != JobStatus.PLANNING]
-            copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION else []
+            running = sum(counts[str(job.id)][ShardStatus.DISPATCHED] for job in done_planning)
+            copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION and running else []
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
         gpu_class_id = waiting[0].model.gpu_class_id
@@ -116,6 +119,14 @@ def schedule_queue(queue: str) -> int:
     sent = sum(len(shards) for _, shards in claimed)
     logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
     return sent
+
+
+def _nothing_to_send() -> bool:
+    """No shard of any schedulable job waits or runs, so a tick would neither send nor copy one: the
+    tick after the last shard of a small job settled. Read without the queue's lock; whoever makes a
+    shard wait afterwards (a planner, a retry, the reconciler) schedules it in a tick of its own."""
+    unsettled = Shard.objects.filter(status__in=UNSETTLED, job__status__in=SCHEDULABLE)
+    return not unsettled.exists()
 
 
 def _speculate(queue: str, jobs: list[Job], in_flight: int) -> list[tuple[Job, Shard]]:
@@ -294,10 +305,13 @@ def merge_when_settled(job: Job, *, small_here: bool = False) -> bool:
     The status is read afresh: a shard's callback holds its job as read before it settled the shard,
     and the job may have ended planning since (a `planning` job never merges: its last shard is not
     cut yet), so that whichever of the two comes second sends the merge."""
-    fresh = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).values("total_records").first()
-    if fresh is None:
-        return False
-    if Shard.objects.filter(job=job, round=job.retry_round, status__in=UNSETTLED).exists():
+    unsettled = Shard.objects.filter(job=OuterRef("pk"), round=job.retry_round, status__in=UNSETTLED)
+    fresh = (
+        Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING)
+        .values("total_records", unsettled=Exists(unsettled))
+        .first()
+    )
+    if fresh is None or fresh["unsettled"]:
         return False
     records = fresh["total_records"]
     if small_here and records is not None and records <= settings.BATCHERY_INLINE_MERGE_MAX_RECORDS:

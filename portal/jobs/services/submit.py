@@ -299,8 +299,10 @@ def _quota_line(
 
 def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
     """Check the tenant's limits with its quota row locked, so concurrent submissions queue up here."""
-    Quota.objects.get_or_create(tenant=tenant)
-    quota = Quota.objects.select_for_update().get(tenant=tenant)
+    quota = Quota.objects.select_for_update().filter(tenant=tenant).first()
+    if quota is None:
+        Quota.objects.get_or_create(tenant=tenant)
+        quota = Quota.objects.select_for_update().get(tenant=tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     for line in quota_lines(quota, use, input_bytes=input_bytes, records=records):
         if line.refused is not None:

@@ -47,8 +47,8 @@ def job_transition(*, job_id: str, source: str | Collection[str], target: str, *
 def _job_ended(job_id: str, status: str) -> None:
     from portal.jobs.services.usage import usage_record
 
-    usage_record(job_id=job_id)
-    job_ending_record(job_id=job_id)
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+    job_ending_record(job=job, gpu_seconds_added=usage_record(job=job))
     transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, status=status))
 
 

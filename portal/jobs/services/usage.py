@@ -13,16 +13,29 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobUsage
-from portal.ops.metrics.jobs import gpu_seconds_record
+
+REWRITTEN = [
+    "tenant",
+    "model",
+    "period",
+    "status",
+    "records_succeeded",
+    "records_failed",
+    "prompt_tokens",
+    "completion_tokens",
+    "gpu_seconds",
+    "recorded_at",
+]
+"""Every field of a ledger line but its job: a retried job's line is rewritten whole."""
 
 
 def month_of(moment: dt.datetime) -> dt.date:
     return moment.date().replace(day=1)
 
 
-def usage_record(*, job_id: str) -> JobUsage:
-    """Write (or rewrite, after a retry) the ledger line of a job that has just ended."""
-    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+def usage_record(*, job: Job) -> float:
+    """Write (or rewrite, after a retry) the ledger line of a job that has just ended, read with its
+    model, GPU class and tenant; return the GPU-seconds it adds (a retry adds only its own)."""
     charged = JobUsage.objects.filter(job=job).values_list("gpu_seconds", flat=True).first() or 0.0
     sums = job.shards.aggregate(
         prompt=Coalesce(Sum("prompt_tokens"), 0),
@@ -31,20 +44,19 @@ def usage_record(*, job_id: str) -> JobUsage:
         load=Coalesce(Sum("load_seconds"), 0.0),
     )
     ended = job.finished_at or timezone.now()
-    usage, _ = JobUsage.objects.update_or_create(
+    usage = JobUsage(
         job=job,
-        defaults={
-            "tenant_id": job.tenant_id,
-            "model_id": job.model_id,
-            "period": month_of(ended),
-            "status": job.status,
-            "records_succeeded": job.succeeded_records,
-            "records_failed": job.failed_records,
-            "prompt_tokens": sums["prompt"],
-            "completion_tokens": sums["completion"],
-            "gpu_seconds": (sums["compute"] + sums["load"]) * job.model.gpus_per_replica,
-            "recorded_at": ended,
-        },
+        tenant_id=job.tenant_id,
+        model_id=job.model_id,
+        period=month_of(ended),
+        status=job.status,
+        records_succeeded=job.succeeded_records,
+        records_failed=job.failed_records,
+        prompt_tokens=sums["prompt"],
+        completion_tokens=sums["completion"],
+        gpu_seconds=(sums["compute"] + sums["load"]) * job.model.gpus_per_replica,
+        recorded_at=ended,
     )
-    gpu_seconds_record(job=job, added=usage.gpu_seconds - charged)
-    return usage
+    # One upsert: the ending's transaction holds the job's row, so nobody else writes this line meanwhile.
+    JobUsage.objects.bulk_create([usage], update_conflicts=True, unique_fields=["job"], update_fields=REWRITTEN)
+    return usage.gpu_seconds - charged

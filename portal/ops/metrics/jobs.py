@@ -13,11 +13,14 @@ from portal.ops.metrics.samples import Increment, counter_increment, histogram_i
 POISON_RECORD = "poison_record"
 
 
-def job_ending_record(*, job_id: str) -> None:
-    """Count a job's ending: the job, its round's records by outcome, and how long it took and waited."""
-    job = Job.objects.select_related("tenant", "model").get(pk=job_id)
+def job_ending_record(*, job: Job, gpu_seconds_added: float) -> None:
+    """Count a job's ending, read with its model, GPU class and tenant: the job, its round's records by
+    outcome, how long it took and waited, and the GPU-seconds its ledger line added (all in one write)."""
     labels = {"tenant": job.tenant.name, "model": job.model.name}
     increments: list[Increment] = counter_increment(families.JOBS_FINISHED, {**labels, "status": job.status})
+    increments += counter_increment(
+        families.GPU_SECONDS, {**labels, "gpu_class": job.model.gpu_class.name}, max(0.0, gpu_seconds_added)
+    )
     outcomes = _round_outcomes(job)
     for outcome, count in sorted(outcomes.items()):
         increments += counter_increment(families.RECORDS_FINISHED, {**labels, "outcome": outcome}, count)
@@ -41,12 +44,6 @@ def _round_outcomes(job: Job) -> Counter[str]:
         outcomes["succeeded"] += succeeded
         outcomes.update({str(code): int(count) for code, count in (error_codes or {}).items()})
     return outcomes
-
-
-def gpu_seconds_record(*, job: Job, added: float) -> None:
-    """Charge GPU-seconds newly written to a job's ledger line (a retry adds only its own)."""
-    labels = {"tenant": job.tenant.name, "model": job.model.name, "gpu_class": job.model.gpu_class.name}
-    samples_add(counter_increment(families.GPU_SECONDS, labels, max(0.0, added)))
 
 
 def shards_redispatched_record(*, job: Job, count: int) -> None:

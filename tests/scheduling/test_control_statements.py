@@ -1,0 +1,106 @@
+"""What the control plane asks of PostgreSQL per small job stays a few statements: a one-record job's
+every hop (plan, tick, settle, merge, ending) is on its latency's path, at about a millisecond a statement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
+from portal.jobs.services.scheduler import merge_when_settled, schedule_queue
+from portal.jobs.services.transitions import job_transition
+from tasks.config import gpu_queue
+from tests.factories import ModelFactory, TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _job(gpu_class: Any, root: Path, *, status: str, shard_statuses: list[str]) -> Job:
+    model = ModelFactory(name="statements", gpu_class=gpu_class, is_default=False)
+    job = Job.objects.create(
+        tenant=TenantFactory(name="counted"),
+        model=model,
+        status=status,
+        input_uri="file:///x.jsonl",
+        output_uri=(root / "output.jsonl").as_uri(),
+        shard_size=1,
+        total_records=len(shard_statuses),
+    )
+    for index, shard_status in enumerate(shard_statuses):
+        Shard.objects.create(
+            job=job,
+            index=index,
+            first_record=index,
+            record_count=1,
+            input_uri=(root / f"{index}.jsonl").as_uri(),
+            prefix_uri=(root / f"shard-{index}").as_uri(),
+            status=shard_status,
+            succeeded_records=1,
+            compute_seconds=0.5,
+            started_at=timezone.now(),
+        )
+    return job
+
+
+def _statements(run: Any) -> tuple[Any, list[str]]:
+    with CaptureQueriesContext(connection) as captured:
+        result = run()
+    return result, [query["sql"] for query in captured.captured_queries]
+
+
+def test_a_tick_with_no_shard_waiting_or_running_anywhere_reads_once_and_locks_nothing(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    # The tick after a small job's last shard settled: nothing to send, nothing to copy.
+    _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.SUCCEEDED])
+    sent, statements = _statements(lambda: schedule_queue(gpu_queue(gpu_class.name)))
+    assert sent == 0
+    assert len(statements) == 1, statements
+    assert "pg_advisory_xact_lock" not in statements[0]
+
+
+def test_a_tick_with_a_shard_waiting_still_sends_it(gpu_class: Any, tmp_path: Path) -> None:
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.PENDING])
+    assert schedule_queue(gpu_queue(gpu_class.name)) == 1
+    assert job.shards.get().status == ShardStatus.DISPATCHED
+
+
+def test_whether_a_job_merges_is_read_in_one_statement(gpu_class: Any, tmp_path: Path) -> None:
+    job = _job(
+        gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.SUCCEEDED, ShardStatus.DISPATCHED]
+    )
+    merged, statements = _statements(lambda: merge_when_settled(job))
+    assert merged is False, "a shard still runs"
+    assert len(statements) == 1, statements
+
+
+def test_an_ending_writes_its_ledger_line_and_all_its_metric_samples_in_one_statement_each(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    job = _job(gpu_class, tmp_path, status=JobStatus.MERGING, shard_statuses=[ShardStatus.SUCCEEDED] * 2)
+    moved, statements = _statements(
+        lambda: job_transition(
+            job_id=str(job.pk),
+            source=JobStatus.MERGING,
+            target=JobStatus.SUCCEEDED,
+            succeeded_records=2,
+            finished_at=timezone.now(),
+        )
+    )
+    assert moved
+    assert JobUsage.objects.get(job=job).gpu_seconds == pytest.approx(1.0)
+    # Up to its commit: the receivers of `job_ended` (webhooks, batches) run after it.
+    ending = statements[: statements.index("COMMIT") + 1]
+    ledger = [sql for sql in ending if "jobs_jobusage" in sql and not sql.startswith("SELECT")]
+    samples = [sql for sql in ending if "ops_metricsample" in sql]
+    assert len(ledger) == 1 and ledger[0].startswith("INSERT") and "ON CONFLICT" in ledger[0]
+    assert len(samples) == 1, "the ending's counters, histograms and GPU-seconds in one write"
+    assert not [sql for sql in ending if sql.startswith("SAVEPOINT")]
+    # BEGIN, the move and its event, the job read once, what it charged before, its shards' sums, its
+    # round's outcomes and first start, the ledger line, the samples, COMMIT.
+    assert len(ending) == 11, ending
