@@ -16,6 +16,7 @@ lost go back to `pending` and are sent again in fair-share order.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import os
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Case, Count, Exists, F, OuterRef, Value, When
 from django.utils import timezone
 
 from gpuworkers.logs import log_context
@@ -108,7 +109,7 @@ def schedule_queue(queue: str) -> int:
                 shard.attempt += 1
                 shard.dispatched_at = now
                 charges[job.tenant_id] += shard_cost_estimate(job, shard)
-            Shard.objects.bulk_update(shards, ["status", "task_id", "attempt", "dispatched_at"])
+            _mark_dispatched(shards, now)
             claimed.append((job, shards))
         usage_charge(charges=charges, gpu_class_id=gpu_class_id, now=now)
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
@@ -119,6 +120,19 @@ def schedule_queue(queue: str) -> int:
     sent = sum(len(shards) for _, shards in claimed)
     logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
     return sent
+
+
+def _mark_dispatched(shards: list[Shard], now: dt.datetime) -> None:
+    """Write the claimed shards' rows as their objects now say, in one UPDATE in which only the task
+    ids differ: `bulk_update`'s CASE for every column cost more CPU than the rest of a one-shard tick."""
+    if not shards:
+        return
+    Shard.objects.filter(pk__in=[shard.pk for shard in shards]).update(
+        status=ShardStatus.DISPATCHED,
+        dispatched_at=now,
+        attempt=F("attempt") + 1,
+        task_id=Case(*(When(pk=shard.pk, then=Value(shard.task_id)) for shard in shards)),
+    )
 
 
 def _nothing_to_send() -> bool:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-
-from django.db.models import Min
+from collections.abc import Iterable
+from typing import Any
 
 from portal.jobs.models import Job, Shard
 from portal.ops.metrics import families
@@ -21,7 +21,12 @@ def job_ending_record(*, job: Job, gpu_seconds_added: float) -> None:
     increments += counter_increment(
         families.GPU_SECONDS, {**labels, "gpu_class": job.model.gpu_class.name}, max(0.0, gpu_seconds_added)
     )
-    outcomes = _round_outcomes(job)
+    rows = list(
+        Shard.objects.filter(job=job, round=job.retry_round).values_list(
+            "succeeded_records", "error_codes", "started_at"
+        )
+    )
+    outcomes = _round_outcomes(rows)
     for outcome, count in sorted(outcomes.items()):
         increments += counter_increment(families.RECORDS_FINISHED, {**labels, "outcome": outcome}, count)
     increments += counter_increment(families.POISON_RECORDS, labels, outcomes.get(POISON_RECORD, 0))
@@ -29,18 +34,18 @@ def job_ending_record(*, job: Job, gpu_seconds_added: float) -> None:
         duration = (job.finished_at - job.created_at).total_seconds()
         increments += histogram_increments(families.JOB_DURATION, labels, max(0.0, duration))
     if job.retry_round == 0:
-        first_start = job.shards.filter(round=0).aggregate(first=Min("started_at"))["first"]
+        # Its first round is the round just read: the wait is until the first of its shards started.
+        first_start = min((started for *_, started in rows if started is not None), default=None)
         if first_start is not None:
             wait = (first_start - job.created_at).total_seconds()
             increments += histogram_increments(families.JOB_QUEUE_WAIT, labels, max(0.0, wait))
     samples_add(increments)
 
 
-def _round_outcomes(job: Job) -> Counter[str]:
-    """Records of the job's current round by outcome, from what the merge recorded on its shards."""
+def _round_outcomes(rows: Iterable[tuple[int, dict[str, int] | None, Any]]) -> Counter[str]:
+    """Records of a job's round by outcome, from what the merge recorded on its shards' rows."""
     outcomes: Counter[str] = Counter()
-    rows = Shard.objects.filter(job=job, round=job.retry_round).values_list("succeeded_records", "error_codes")
-    for succeeded, error_codes in rows:
+    for succeeded, error_codes, _ in rows:
         outcomes["succeeded"] += succeeded
         outcomes.update({str(code): int(count) for code, count in (error_codes or {}).items()})
     return outcomes
