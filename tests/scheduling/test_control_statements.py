@@ -104,3 +104,37 @@ def test_an_ending_writes_its_ledger_line_and_all_its_metric_samples_in_one_stat
     # BEGIN, the move and its event, the job read once, what it charged before, its shards' sums, its
     # round's outcomes and first start (one read), the ledger line, the samples, COMMIT.
     assert len(ending) == 10, ending
+
+
+def test_a_tick_that_sends_one_shard_reads_that_shard_once(gpu_class: Any, tmp_path: Path) -> None:
+    statuses = [ShardStatus.PENDING, ShardStatus.DISPATCHED, ShardStatus.PENDING]
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=statuses)
+    sent, statements = _statements(lambda: schedule_queue(gpu_queue(gpu_class.name)))
+    assert sent == 2
+    shard_reads = [sql for sql in statements if sql.startswith('SELECT "jobs_shard"."id"')]
+    assert len(shard_reads) == 2, "the first waiting shard for its estimate, then the two to send"
+
+    Shard.objects.filter(job=job).update(status=ShardStatus.SUCCEEDED)
+    Shard.objects.filter(job=job, index=0).update(status=ShardStatus.PENDING)
+    sent, statements = _statements(lambda: schedule_queue(gpu_queue(gpu_class.name)))
+    assert sent == 1
+    shard_reads = [sql for sql in statements if sql.startswith('SELECT "jobs_shard"."id"')]
+    assert len(shard_reads) == 1, "the one shard sent is the one read for its estimate"
+    assert job.shards.get(index=0).status == ShardStatus.DISPATCHED
+
+
+def test_the_planner_of_a_job_planned_for_the_first_time_does_not_look_for_earlier_shards(
+    gpu_class: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any
+) -> None:
+    from portal.jobs.services.plan import job_plan
+    from portal.jobs.services.submit import job_submit
+
+    ModelFactory(name="statements", gpu_class=gpu_class, is_default=False)
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"custom_id": "a", "input": "one record"}\n')
+    job = job_submit(tenant=TenantFactory(name="fresh"), model_name="statements", input_uri=str(path))
+    with django_capture_on_commit_callbacks():
+        _, statements = _statements(lambda: job_plan(job_id=str(job.id)))
+    job.refresh_from_db()
+    assert (job.status, job.shard_count) == (JobStatus.RUNNING, 1)
+    assert not [sql for sql in statements if 'SUM("jobs_shard"."record_count")' in sql]

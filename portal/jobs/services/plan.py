@@ -309,8 +309,11 @@ def _planned_so_far(job: Job) -> tuple[int, int]:
     return planned["shards"], planned["records"] or 0
 
 
-def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch) -> JsonlCheck:
-    first_index, covered = _planned_so_far(job)
+def _cut_shards(
+    job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch, resumed: bool
+) -> JsonlCheck:
+    # A job planned for the first time has no shards yet: only a resumed planner looks.
+    first_index, covered = _planned_so_far(job) if resumed else (0, 0)
     check = JsonlCheck()
     position = InputPosition()
     writer = ShardWriter(
@@ -350,26 +353,27 @@ def _cut_shards(job: Job, *, input_field: str, max_problems: int, dispatch: Stre
     return check
 
 
-PLANNABLE = (JobStatus.QUEUED, JobStatus.PLANNING)
-
-
 def job_plan(*, job_id: str, holder: str = "planner") -> None:
     """Plan a queued job. A job found `planning` is planned again, resuming after the shards already
     created: its planner died, unless a live planner still holds the job's plan lease."""
     try:
         with Lease(job_lease_key("plan", job_id), holder, exclusive=True):
-            if job_transition(job_id=job_id, source=PLANNABLE, target=JobStatus.PLANNING):
-                _plan(job_id)
+            if job_transition(job_id=job_id, source=JobStatus.QUEUED, target=JobStatus.PLANNING):
+                _plan(job_id, resumed=False)
+            elif job_transition(job_id=job_id, source=JobStatus.PLANNING, target=JobStatus.PLANNING):
+                _plan(job_id, resumed=True)
     except LeaseHeld as held:
         logger.info("job %s is being planned by %s; not planning it twice", job_id, held.holder)
 
 
-def _plan(job_id: str) -> None:
+def _plan(job_id: str, *, resumed: bool) -> None:
     job = Job.objects.select_related("model__gpu_class").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     dispatch = StreamingDispatch(job)
     try:
-        check = _cut_shards(job, input_field=input_field_for(job.model.task), max_problems=limit, dispatch=dispatch)
+        check = _cut_shards(
+            job, input_field=input_field_for(job.model.task), max_problems=limit, dispatch=dispatch, resumed=resumed
+        )
     except PlanningStopped:
         logger.info("job %s left planning while its input was read; planning stops", job_id)
         return

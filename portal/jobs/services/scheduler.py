@@ -91,7 +91,7 @@ def schedule_queue(queue: str) -> int:
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
         gpu_class_id = waiting[0].model.gpu_class_id
-        tenant_queues = _tenant_queues(waiting, counts, gpu_class_id)
+        tenant_queues, firsts = _tenant_queues(waiting, counts, gpu_class_id)
         longest = max(job.shard_cost for tenant in tenant_queues for job in tenant.jobs)
         free = queue_window(queue, shard_seconds=longest / waiting[0].model.gpus_per_replica) - in_flight
         if free <= 0:
@@ -102,7 +102,11 @@ def schedule_queue(queue: str) -> int:
         now = timezone.now()
         for job_id, count in chosen.items():
             job = by_id[job_id]
-            shards = list(Shard.objects.filter(job_id=job_id, status=ShardStatus.PENDING).order_by("index")[:count])
+            if count == 1 and job_id in firsts:
+                shards = [firsts[job_id]]  # read under this tick's lock: still the job's first waiting shard
+            else:
+                pending = Shard.objects.filter(job_id=job_id, status=ShardStatus.PENDING).order_by("index")
+                shards = list(pending[:count])
             for shard in shards:
                 shard.status = ShardStatus.DISPATCHED
                 shard.task_id = new_task_id(job, shard)
@@ -167,15 +171,22 @@ def _send_copies(copies: list[tuple[Job, Shard]]) -> None:
         shards_send(job, [shard], copies=True)
 
 
-def _tenant_queues(jobs: list[Job], counts: dict[str, Counter[str]], gpu_class_id: int) -> list[TenantQueue]:
+def _tenant_queues(
+    jobs: list[Job], counts: dict[str, Counter[str]], gpu_class_id: int
+) -> tuple[list[TenantQueue], dict[str, Shard]]:
+    """The waiting jobs by tenant, for `share_out`; and each job's first waiting shard, whose estimate
+    stands for its next shards' and which a tick that sends it one shard sends without reading again."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
+    firsts: dict[str, Shard] = {}
     for job in jobs:
         tenant = tenants.setdefault(
             job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.tenant.weight, usage=usage[job.tenant_id])
         )
         pending = counts[str(job.id)][ShardStatus.PENDING]
         sample = Shard.objects.filter(job=job, status=ShardStatus.PENDING).order_by("index").first()
+        if sample is not None:
+            firsts[str(job.id)] = sample
         tenant.jobs.append(
             WaitingJob(
                 job_id=str(job.id),
@@ -185,7 +196,7 @@ def _tenant_queues(jobs: list[Job], counts: dict[str, Counter[str]], gpu_class_i
                 shard_cost=shard_cost_estimate(job, sample) if sample else 0.0,
             )
         )
-    return list(tenants.values())
+    return list(tenants.values()), firsts
 
 
 def schedule_job(*, job_id: str) -> None:
