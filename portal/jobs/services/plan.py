@@ -391,19 +391,18 @@ def _plan(job_id: str, *, resumed: bool) -> None:
         return
 
     shard_count = job.shards.filter(round=0).count()
-    with transaction.atomic():
-        moved = job_transition(
-            job_id=job_id,
-            source=JobStatus.PLANNING,
-            target=JobStatus.RUNNING,
-            total_records=check.records,
-            shard_count=shard_count,
-            started_at=timezone.now(),
-        )
-        if not moved:
-            # Cancelled or expired while planning: its shards stay unsent, those sent were stopped.
-            return
-        transaction.on_commit(lambda: _planning_ended(job, shard_count))
+    moved = job_transition(
+        job_id=job_id,
+        source=JobStatus.PLANNING,
+        target=JobStatus.RUNNING,
+        total_records=check.records,
+        shard_count=shard_count,
+        started_at=timezone.now(),
+    )
+    if not moved:
+        # Cancelled or expired while planning: its shards stay unsent, those sent were stopped.
+        return
+    transaction.on_commit(lambda: _planning_ended(job, shard_count))
     logger.info("job %s planned: %d records", job_id, check.records)
 
 
