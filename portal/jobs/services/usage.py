@@ -14,18 +14,7 @@ from django.utils import timezone
 
 from portal.jobs.models import Job, JobUsage
 
-REWRITTEN = [
-    "tenant",
-    "model",
-    "period",
-    "status",
-    "records_succeeded",
-    "records_failed",
-    "prompt_tokens",
-    "completion_tokens",
-    "gpu_seconds",
-    "recorded_at",
-]
+REWRITTEN = [field.name for field in JobUsage._meta.concrete_fields if not field.primary_key]
 """Every field of a ledger line but its job: a retried job's line is rewritten whole."""
 
 
