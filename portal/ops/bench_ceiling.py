@@ -28,10 +28,10 @@ import orjson
 from django.conf import settings
 
 from portal.catalog.models import Model
-from portal.jobs.models import FINAL_STATUSES, Job
+from portal.jobs.models import Job
 from portal.jobs.services.storage_layout import job_root
-from portal.jobs.services.submit import job_submit
 from portal.ops.bench_catalog import bench_model_register
+from portal.ops.bench_job import timed_job
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
@@ -98,21 +98,14 @@ def _records(path: Path, count: int) -> Path:
 
 
 def _run_job(tenant: Tenant, path: Path, *, shard_size: int | None, timeout_s: float = 600) -> tuple[Job, float]:
-    """Submit and wait for the end; the job and its seconds from submission to its end.
-
-    From the clock before `job_submit` (which checks a small input whole before the job's row exists)
-    to the end its row records: the benchmark's polling adds nothing."""
-    submitted = time.time()
-    job = job_submit(tenant=tenant, model_name=MODEL_NAME, input_uri=str(path), shard_size=shard_size)
-    deadline = time.monotonic() + timeout_s
-    while (job := Job.objects.get(pk=job.pk)).status not in FINAL_STATUSES:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job.id} still {job.status} after {timeout_s:.0f}s")
-        time.sleep(0.05)
+    """Submit and wait for the end (`timed_job`, polled often: one-record jobs run one after another);
+    the job and its seconds from the clock before `job_submit` to the end its row records."""
+    job, seconds = timed_job(
+        tenant=tenant, model_name=MODEL_NAME, dataset=path, shard_size=shard_size, timeout_s=timeout_s, poll_s=0.05
+    )
     if job.status != "succeeded":
         raise RuntimeError(f"the zero-cost job ended {job.status}: {job.error}")
-    assert job.finished_at is not None
-    return job, job.finished_at.timestamp() - submitted
+    return job, seconds
 
 
 def bytes_written(job: Job) -> dict[str, int]:

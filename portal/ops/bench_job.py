@@ -21,7 +21,13 @@ POLL_S = 1.0
 
 
 def timed_job(
-    *, tenant: Tenant, model_name: str, dataset: Path, shard_size: int | None = None, timeout_s: float = 3600
+    *,
+    tenant: Tenant,
+    model_name: str,
+    dataset: Path,
+    shard_size: int | None = None,
+    timeout_s: float = 3600,
+    poll_s: float = POLL_S,
 ) -> tuple[Job, float]:
     """Submit `dataset`, wait for the job's end; return it with its seconds from submission to end."""
     submitted = timezone.now()
@@ -30,7 +36,7 @@ def timed_job(
     while not job.is_finished:
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job.id} still {job.status} after {timeout_s:.0f} s")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
         job.refresh_from_db()
     assert job.finished_at is not None
     return job, (job.finished_at - submitted).total_seconds()

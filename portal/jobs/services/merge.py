@@ -70,12 +70,10 @@ class ShardOutcome:
 
 
 def _record_outcome(outcome: ShardOutcome) -> None:
-    shard, manifest = outcome.shard, outcome.manifest
-    if manifest is None:
-        shard_record_failure(shard, reason=outcome.failure, code=outcome.code)
-    elif not (shard.status == ShardStatus.SUCCEEDED and shard.attempt_id == manifest.attempt_id):
-        # Its settling recorded most shards already, as the row read for this merge shows.
-        shard_record_success(shard, manifest)
+    if outcome.manifest is None:
+        shard_record_failure(outcome.shard, reason=outcome.failure, code=outcome.code)
+    else:
+        shard_record_success(outcome.shard, outcome.manifest)
 
 
 def _copy(uri: str, target: BinaryIO) -> None:

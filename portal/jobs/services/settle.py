@@ -101,6 +101,8 @@ def read_manifest(shard: Shard) -> ShardManifest | None:
 
 def shard_record_success(shard: Shard, manifest: ShardManifest) -> bool:
     """Record the committed attempt on the shard's row; True if this call settled it."""
+    if shard.status == ShardStatus.SUCCEEDED and shard.attempt_id == manifest.attempt_id:
+        return False  # the row as read records this attempt already (a merge after the shard's settling)
     return bool(
         Shard.objects.filter(pk=shard.pk)
         .exclude(status=ShardStatus.SUCCEEDED, attempt_id=manifest.attempt_id)
