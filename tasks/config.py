@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.env import ImproperlyConfiguredEnv, env_int, env_list, env_str
+from tasks.env import ImproperlyConfiguredEnv, env_bool, env_int, env_list, env_str
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONTROL_QUEUE = "control"
@@ -95,6 +95,7 @@ RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=
 # A pool process preloads its models (`launch --preload`) before it tells its worker it is up; Celery
 # kills one that stays silent past its default of 4 s, and a real model takes a minute to load.
 PROCESS_START_TIMEOUT_S = env_int("BATCHERY_PROCESS_START_TIMEOUT_S", 900, minimum=4)
+TASK_EVENTS = env_bool("BATCHERY_TASK_EVENTS", False)
 
 
 def celery_settings() -> dict[str, object]:
@@ -113,7 +114,6 @@ def celery_settings() -> dict[str, object]:
         },
         "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
         "result_expires": RESULT_EXPIRES_S,
-        "result_extended": True,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -132,8 +132,12 @@ def celery_settings() -> dict[str, object]:
         # No STARTED state in the result backend: nothing reads it (a shard's live attempt is its lease,
         # Flower has the task-started event), and writing it costs every task a round trip before it runs.
         "task_track_started": False,
-        "task_send_sent_event": True,
-        "worker_send_task_events": True,
+        # Task events feed Flower and nothing else: a publish for each of sent, received, started and succeeded,
+        # for a shard's task and for its callback, 8 of the 73 Redis commands a one-record shard cost. Flower
+        # turns them on in running workers itself (`enable_events`, every 5 s); this sends them from the start,
+        # the publishers' task-sent events too.
+        "task_send_sent_event": TASK_EVENTS,
+        "worker_send_task_events": TASK_EVENTS,
         "task_default_queue": CONTROL_QUEUE,
         "task_queues": tuple(Queue(name, Exchange(name), routing_key=name) for name in declared_queues()),
         # Queues of GPU classes not listed in BATCHERY_GPU_QUEUES are created when first routed to.

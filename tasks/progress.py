@@ -26,15 +26,16 @@ class Progress:
     failed: int
 
 
-def publish_shard_progress(job_id: str, shard_index: int, *, done: int, failed: int) -> None:
-    """Best effort: progress is for people watching; a Redis hiccup must not fail the shard."""
+def publish_shard_progress(job_id: str, shard_index: int, *, done: int, failed: int) -> bool:
+    """Best effort, True if written: progress is for people watching; a Redis hiccup must not fail the shard."""
     try:
         pipe = _client().pipeline(transaction=False)
         pipe.hset(_key(job_id), str(shard_index), f"{done},{failed}")
         pipe.expire(_key(job_id), RESULT_EXPIRES_S)
         pipe.execute()
     except redis.RedisError:
-        return
+        return False
+    return True
 
 
 def read_shard_progress(job_id: str) -> dict[int, Progress]:

@@ -134,13 +134,16 @@ def _run_attempt(
         return stop_reason(spec.job_id) is not None or store.exists(spec.commit_uri)
 
     published_at = -PROGRESS_INTERVAL_S
+    published: tuple[int, int] | None = None
+    """The totals last written, so that the end does not write them again (a short shard's only publish)."""
 
     def on_progress(done: int, failed: int) -> None:
-        nonlocal published_at
+        nonlocal published_at, published
         now = time.monotonic()
         if now - published_at >= PROGRESS_INTERVAL_S:
             published_at = now
-            publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed)
+            if publish_shard_progress(spec.job_id, spec.shard_index, done=done, failed=failed):
+                published = (done, failed)
 
     compute_started = time.perf_counter()
     lines: Iterable[OutputLine] | None
@@ -194,7 +197,8 @@ def _run_attempt(
         store.delete_prefix(errors_uri)
         store.delete_prefix(piece.uri)
         return _abandoned(spec)
-    publish_shard_progress(spec.job_id, spec.shard_index, done=counts["records"], failed=counts["failed"])
+    if published != (counts["records"], counts["failed"]):
+        publish_shard_progress(spec.job_id, spec.shard_index, done=counts["records"], failed=counts["failed"])
 
     manifest = ShardManifest(
         job_id=spec.job_id,

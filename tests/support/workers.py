@@ -63,7 +63,10 @@ def start_worker(
     log_dir: Path,
     concurrency: int = 1,
     extra_args: list[str] | None = None,
+    heartbeat: bool = False,
 ) -> WorkerProcess:
+    """A worker consuming `queue`; with `heartbeat`, sending worker heartbeats as the launcher's slots and the
+    control worker do (their event dispatcher then runs, and a monitor can turn task events on)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = log_path.open("ab")
@@ -71,7 +74,7 @@ def start_worker(
         sys.executable, "-m", "celery", "--app", "tasks.app", "worker",
         "--queues", queue, "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
         "--pool", "prefork", "--hostname", f"{name}@test", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra_args or []),
+        "--without-gossip", "--without-mingle", *([] if heartbeat else ["--without-heartbeat"]), *(extra_args or []),
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return WorkerProcess(name=name, queue=queue, process=process, log_path=log_path, log=log)

@@ -152,3 +152,31 @@ def test_a_shard_of_a_paused_job_does_not_start_even_without_redis_flag(spec: Sh
 
     assert execute_shard(held, worker="w1") == ShardSkipped(job_id="job-1", shard_index=0, skipped="paused")
     assert not (tmp_path / "shards" / "00000" / "started").exists(), "no attempt started"
+
+
+def test_live_progress_ends_at_the_shards_totals_without_writing_the_same_totals_twice(
+    spec: ShardSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import shard_execution
+    from tasks.progress import Progress, publish_shard_progress, read_shard_progress
+
+    written: list[tuple[int, int]] = []
+
+    def publish(job_id: str, shard_index: int, *, done: int, failed: int) -> bool:
+        written.append((done, failed))
+        return publish_shard_progress(job_id, shard_index, done=done, failed=failed)
+
+    monkeypatch.setattr(shard_execution, "publish_shard_progress", publish)
+    one = tmp_path / "input" / "one.jsonl"
+    one.write_text(json.dumps({"custom_id": "only", "input": "one sentence"}) + "\n")
+    execute_shard(replace(spec, job_id="progress-one", record_count=1, input_uri=one.as_uri()), worker="w1")
+    # Its micro-batch's publish already holds its totals: a one-record shard writes them once.
+    assert written == [(1, 0)]
+    assert read_shard_progress("progress-one") == {0: Progress(done=1, failed=0)}
+
+    written.clear()
+    monkeypatch.setattr(shard_execution, "PROGRESS_INTERVAL_S", 0.0)
+    execute_shard(replace(spec, job_id="progress-five", shard_prefix=spec.shard_prefix + "-5"), worker="w1")
+    # One write a micro-batch (of 2, 2 and 1 records), the last with the totals, and none after it.
+    assert [done for done, _ in written] == [2, 4, 5] and written[-1] == (5, 1)
+    assert read_shard_progress("progress-five") == {0: Progress(done=5, failed=1)}
