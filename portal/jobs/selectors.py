@@ -6,12 +6,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
+from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.usage import month_of
+from tasks.config import GPU_QUEUE_PREFIX
 from tasks.progress import Progress, read_job_progress, read_jobs_progress
 
 
@@ -29,6 +31,21 @@ class JobProgress:
         if not self.total:
             return 0.0
         return min(1.0, self.done / self.total)
+
+
+def queue_jobs(queue: str, *, statuses: Collection[str]) -> list[Job]:
+    """The jobs in `statuses` whose shards go to `queue`, with their model, GPU class and tenant.
+
+    The database narrows them to the GPU classes and replica sizes the queue's name can stand for, so
+    that a scheduling tick reads its own queue's jobs, not every running job of the fleet; `job_queue`
+    has the last word (a class may itself be named like `a100.x2`)."""
+    name = queue.removeprefix(GPU_QUEUE_PREFIX)
+    candidates = Q(model__gpu_class__name=name, model__gpus_per_replica=1)
+    head, _, size = name.rpartition(".x")
+    if head and size.isdigit():
+        candidates |= Q(model__gpu_class__name=head, model__gpus_per_replica=int(size))
+    jobs = Job.objects.select_related("model__gpu_class", "tenant").filter(candidates, status__in=statuses)
+    return [job for job in jobs if job_queue(job) == queue]
 
 
 def job_progress(job: Job, live: Progress | None = None) -> JobProgress:

@@ -24,7 +24,7 @@ from django.db.models.functions import Coalesce
 
 from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.jobs.models import Job, Shard
-from portal.jobs.selectors import quota_usage
+from portal.jobs.selectors import queue_jobs, quota_usage
 from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.plan import InputPosition, job_records
 from portal.jobs.services.scheduler import SCHEDULABLE
@@ -322,11 +322,7 @@ class _TokenTally:
 def _backlog(queue: str, tenant: Tenant) -> tuple[float, float, float]:
     """(the tenant's seconds, the other tenants' seconds, the other tenants' summed weights) of the
     shards waiting or running on the queue, of jobs the scheduler serves."""
-    jobs = [
-        job
-        for job in Job.objects.select_related("model__gpu_class").filter(status__in=SCHEDULABLE)
-        if job_queue(job) == queue
-    ]
+    jobs = queue_jobs(queue, statuses=SCHEDULABLE)
     # A shard cut before shards were costed counts at the default rate, as the scheduler charges it
     # (`portal.scheduling.costs.shard_cost_estimate`).
     default = F("record_count") * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD

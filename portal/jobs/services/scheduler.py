@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from gpuworkers.logs import log_context
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.selectors import queue_jobs
 from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
 from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
@@ -60,11 +61,6 @@ def _lock_queue(queue: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
-def _jobs_on(queue: str) -> list[Job]:
-    jobs = Job.objects.select_related("model__gpu_class", "tenant").filter(status__in=SCHEDULABLE)
-    return [job for job in jobs if job_queue(job) == queue]
-
-
 def schedule_queue(queue: str) -> int:
     """Fill the queue's free places with waiting shards in fair-share order; return how many were sent."""
     if _nothing_to_send():
@@ -72,7 +68,7 @@ def schedule_queue(queue: str) -> int:
     claimed: list[tuple[Job, list[Shard]]] = []
     with transaction.atomic():
         _lock_queue(queue)
-        jobs = _jobs_on(queue)
+        jobs = queue_jobs(queue, statuses=SCHEDULABLE)
         if not jobs:
             return 0
         counts: dict[str, Counter[str]] = defaultdict(Counter)
