@@ -51,6 +51,7 @@ def test_a_shards_message_prints_the_fields_that_name_it_and_carries_its_whole_s
 
     with app.connection_for_read() as connection:
         message = connection.SimpleQueue(queue).get(timeout=5)
+        message.ack()
     headers = message.headers
     [spec], _, embed = message.decode()
 
