@@ -65,13 +65,21 @@ def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
     return name if gpus_per_replica == 1 else f"{name}.x{gpus_per_replica}"
 
 
-def queue_gpu_class(queue: str) -> str:
-    """The GPU class a queue serves (`gpu.h100-80gb.x2` -> `h100-80gb`); "" for the control queue."""
+def queue_readings(queue: str) -> list[tuple[str, int]]:
+    """Every (GPU class, GPUs a replica) whose `gpu_queue` is `queue`, the plain class first: a class
+    may itself be named like a size suffix (`a100.x2`). Empty for the control queue."""
     if not queue.startswith(GPU_QUEUE_PREFIX):
-        return ""
+        return []
     name = queue.removeprefix(GPU_QUEUE_PREFIX)
     head, _, size = name.rpartition(".x")
-    return head if head and size.isdigit() else name
+    candidates = [(name, 1), *([(head, int(size))] if head and size.isdigit() else [])]
+    return [reading for reading in candidates if gpu_queue(*reading) == queue]
+
+
+def queue_gpu_class(queue: str) -> str:
+    """The GPU class a queue serves (`gpu.h100-80gb.x2` -> `h100-80gb`); "" for the control queue."""
+    readings = queue_readings(queue)
+    return readings[-1][0] if readings else ""
 
 
 # The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis

@@ -10,10 +10,9 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
-from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.usage import month_of
-from tasks.config import GPU_QUEUE_PREFIX
+from tasks.config import queue_readings
 from tasks.progress import Progress, read_job_progress, read_jobs_progress
 
 
@@ -36,16 +35,12 @@ class JobProgress:
 def queue_jobs(queue: str, *, statuses: Collection[str]) -> list[Job]:
     """The jobs in `statuses` whose shards go to `queue`, with their model, GPU class and tenant.
 
-    The database narrows them to the GPU classes and replica sizes the queue's name can stand for, so
-    that a scheduling tick reads its own queue's jobs, not every running job of the fleet; `job_queue`
-    has the last word (a class may itself be named like `a100.x2`)."""
-    name = queue.removeprefix(GPU_QUEUE_PREFIX)
-    candidates = Q(model__gpu_class__name=name, model__gpus_per_replica=1)
-    head, _, size = name.rpartition(".x")
-    if head and size.isdigit():
-        candidates |= Q(model__gpu_class__name=head, model__gpus_per_replica=int(size))
-    jobs = Job.objects.select_related("model__gpu_class", "tenant").filter(candidates, status__in=statuses)
-    return [job for job in jobs if job_queue(job) == queue]
+    Chosen by the database from the (GPU class, replica size) pairs the queue serves, so that a scheduling
+    tick reads its own queue's jobs, not every running job of the fleet."""
+    served = Q(pk__in=[])
+    for gpu_class, gpus in queue_readings(queue):
+        served |= Q(model__gpu_class__name=gpu_class, model__gpus_per_replica=gpus)
+    return list(Job.objects.select_related("model__gpu_class", "tenant").filter(served, status__in=statuses))
 
 
 def job_progress(job: Job, live: Progress | None = None) -> JobProgress:
