@@ -1,4 +1,4 @@
-"""The callback of each shard's chord (and its error callback): report the ending; settled in batches.
+"""The callback of each chord of shards (and its error callback): report the endings; settled in batches.
 
 A failure of the batch it drained (`BatchNotSettled`) fails no job: the batch held other jobs'
 endings too, and the reconciler's sweep settles whatever stays `dispatched`. A failure to settle its
@@ -22,11 +22,13 @@ from tasks.control import ControlTask
     ignore_result=True,
     fails_job_from=frozenset({"running"}),
 )
-def shard_done(self: Any, job_id: str, shard_index: int, queue: str = "") -> None:
-    from portal.jobs.services.finished_inbox import BatchNotSettled, shard_finished_report
+def shard_done(self: Any, job_id: str, shard_indexes: int | list[int], queue: str = "") -> None:
+    from portal.jobs.services.finished_inbox import BatchNotSettled, shards_finished_report
 
+    # One index: a chord of one shard, sent before chords held several (a message of an older release).
+    indexes = [shard_indexes] if isinstance(shard_indexes, int) else shard_indexes
     try:
-        shard_finished_report(job_id=job_id, shard_index=shard_index, queue=queue)
+        shards_finished_report(job_id=job_id, shard_indexes=indexes, queue=queue)
     except BatchNotSettled as exc:
         if not exc.transient:
             raise

@@ -29,6 +29,7 @@ from django.conf import settings
 
 from portal.catalog.models import Model
 from portal.jobs.models import Job
+from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root
 from portal.ops.bench_catalog import bench_model_register
 from portal.ops.bench_job import timed_job
@@ -67,9 +68,10 @@ class CeilingFigures:
     """Bytes under the large job's root in storage, by kind."""
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     """CPU seconds each part of the stack spent on the one-record-shard job."""
-    floor_chords: int = 0
-    floor_seconds: float = 0.0
-    """Celery's own floor on the same workers: chords of one no-op task and a no-op callback."""
+    floor_tasks: int = 0
+    floor_seconds: dict[int, float] = field(default_factory=dict)
+    """Celery's own floor on the same workers: chord size -> seconds for `floor_tasks` no-op tasks sent in
+    chords of that many with a no-op callback each: chords of one, and chords the size of the job's waves."""
     one_record_ms: list[float] = field(default_factory=list)
     """One-record jobs, one after another: each one's submission to its end, from its own row."""
     profiles: list[Profile] = field(default_factory=list)
@@ -83,9 +85,8 @@ class CeilingFigures:
     def ms_per_shard(self) -> float:
         return self.shard_job_seconds / self.shard_job_shards * 1000
 
-    @property
-    def floor_ms_per_chord(self) -> float:
-        return self.floor_seconds / self.floor_chords * 1000 if self.floor_chords else 0.0
+    def floor_ms_per_task(self, chord_size: int) -> float:
+        return self.floor_seconds[chord_size] / self.floor_tasks * 1000
 
 
 def _records(path: Path, count: int) -> Path:
@@ -150,10 +151,10 @@ def cpu_seconds(stack: Stack) -> dict[str, float]:
     return groups
 
 
-def celery_floor(chords: int, *, queue: str, timeout_s: float = 300) -> float:
-    """Seconds for `chords` chords of one no-op task on `queue` with a no-op callback on the control
-    queue (Celery's built-in `celery.accumulate`), all sent at once, on the running workers: what
-    Celery itself costs a shard there, with nothing of Batchery's in the tasks."""
+def celery_floor(tasks: int, *, queue: str, chord_size: int = 1, timeout_s: float = 300) -> float:
+    """Seconds for `tasks` no-op tasks on `queue` sent in chords of `chord_size`, each with a no-op callback
+    on the control queue (Celery's built-in `celery.accumulate`), all sent at once, on the running workers:
+    what Celery itself costs a shard there, with nothing of Batchery's in the tasks."""
     from celery import chord, group
 
     from tasks.app import app
@@ -163,15 +164,24 @@ def celery_floor(chords: int, *, queue: str, timeout_s: float = 300) -> float:
     started = time.perf_counter()
     results = [
         chord(
-            group([accumulate.clone((n,)).set(queue=queue)]),
-            accumulate.clone((n,)).set(immutable=True, queue=CONTROL_QUEUE),
+            group([accumulate.clone((n,)).set(queue=queue) for n in range(start, min(start + chord_size, tasks))]),
+            accumulate.clone((start,)).set(immutable=True, queue=CONTROL_QUEUE),
         ).apply_async()
-        for n in range(chords)
+        for start in range(0, tasks, chord_size)
     ]
     deadline = time.monotonic() + timeout_s
     for result in results:
         result.get(timeout=max(deadline - time.monotonic(), 0.1), interval=0.01)
     return time.perf_counter() - started
+
+
+def wave_of(job: Job) -> int:
+    """The largest chord (wave) the scheduler sent the job's shards in, from the shards' estimates."""
+    from portal.scheduling.capacity import wave_size
+
+    shard = job.shards.order_by("-estimated_seconds").first()
+    seconds = shard.estimated_seconds if shard is not None else None
+    return wave_size(job_queue(job), seconds)
 
 
 def _frame_name(frame: str) -> str:
@@ -282,8 +292,10 @@ def run_ceiling_bench(
         shard_job, shard_seconds = _run_job(tenant, one_a_shard, shard_size=1)
         after = cpu_seconds(stack)
         cpu = {name: after[name] - before.get(name, 0.0) for name in after}
-        say(f"ceiling: Celery's floor, {shards:,} chords of no-op tasks on the same workers ...")
-        floor_seconds = celery_floor(shards, queue="gpu.cpu")
+        floor_seconds = {}
+        for chord_size in sorted({1, wave_of(shard_job)}):
+            say(f"ceiling: Celery's floor, {shards:,} no-op tasks in chords of {chord_size} on the same workers ...")
+            floor_seconds[chord_size] = celery_floor(shards, queue="gpu.cpu", chord_size=chord_size)
         say(f"ceiling: {ONE_RECORD_JOBS} one-record jobs, one after another ...")
         one_record = _records(data / "records-1.jsonl", 1)
         one_record_ms = [_run_job(tenant, one_record, shard_size=None)[1] * 1000 for _ in range(ONE_RECORD_JOBS)]
@@ -317,7 +329,7 @@ def run_ceiling_bench(
         shard_job_seconds=shard_seconds,
         bytes_written=written,
         cpu_seconds=cpu,
-        floor_chords=shards,
+        floor_tasks=shards,
         floor_seconds=floor_seconds,
         one_record_ms=one_record_ms,
         profiles=profiles,
@@ -360,10 +372,13 @@ def render_ceiling(figures: CeilingFigures) -> str:
             (f"  CPU ms per shard, {name}", f"{seconds / figures.shard_job_shards * 1000:.2f}", "")
             for name, seconds in sorted(figures.cpu_seconds.items())
         ),
-        (
-            "Celery's floor, ms per chord",
-            f"{figures.floor_ms_per_chord:.2f}",
-            f"{figures.floor_chords:,} chords of a no-op task and a no-op callback, same workers",
+        *(
+            (
+                f"Celery's floor, ms per task, chords of {size}",
+                f"{figures.floor_ms_per_task(size):.2f}",
+                f"{figures.floor_tasks:,} no-op tasks, a no-op callback a chord, same workers",
+            )
+            for size in sorted(figures.floor_seconds)
         ),
         (
             "one-record job, p50 / p99 ms",

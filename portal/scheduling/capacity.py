@@ -59,6 +59,19 @@ def shards_per_slot(shard_seconds: float | None = None) -> int:
     return max(least, min(ahead, settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT))
 
 
+def wave_size(queue: str, shard_seconds: float | None = None) -> int:
+    """The most shards of a job sent as one chord (a wave), settled together when its last one ends.
+
+    One, unless shards are so short that a slot gets more than its two places (`shards_per_slot`):
+    then a slot's places are cut in two waves, so that while one wave's ending is settled the slot
+    runs the other. A wave of short shards pays for one callback, one tick and one look at the merge,
+    where each shard alone paid for its own: with one-record shards that was most of a shard's cost.
+    A long shard always goes alone, so that its place frees the moment it ends.
+    """
+    least = settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
+    return max(1, queue_window(queue, shard_seconds) // (queue_slots(queue) * least))
+
+
 def queue_window(queue: str, shard_seconds: float | None = None) -> int:
     """The most shards of this queue that may be sent and not yet finished, for waiting shards
     estimated at `shard_seconds` each (the longest of them: a late tenant waits behind no more)."""

@@ -21,7 +21,7 @@ from portal.jobs.services.finished_inbox import (
     INBOX_KEY,
     BatchNotSettled,
     drain,
-    shard_finished_report,
+    shards_finished_report,
 )
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
@@ -309,7 +309,7 @@ def test_endings_that_arrive_while_a_batch_is_settled_are_settled_next_in_one_ti
     held = client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=30)
     assert held.acquire(blocking=False)
     for index in range(4):
-        shard_finished_report(job_id=str(job.pk), shard_index=index, queue=queue)
+        shards_finished_report(job_id=str(job.pk), shard_indexes=[index], queue=queue)
     assert _dispatched(job) == 4 and not job.shards.filter(status=ShardStatus.SUCCEEDED).exists()
     held.release()
 
@@ -343,7 +343,7 @@ def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
     try:
         client.rpush(inbox, b"job-a:3", b"job-b:1")
         with pytest.raises(BatchNotSettled) as raised:
-            shard_finished_report(job_id="job-a", shard_index=4, queue=queue)
+            shards_finished_report(job_id="job-a", shard_indexes=[4], queue=queue)
 
         assert raised.value.transient and isinstance(raised.value.__cause__, OperationalError)
         assert client.lrange(inbox, 0, -1) == [b"job-a:3", b"job-b:1", b"job-a:4"]

@@ -1,9 +1,15 @@
 """A shard's message as a worker takes it from the broker: its whole spec in its arguments, and printed
-arguments (logs, Flower) that name the shard without printing the spec, for it and for its callbacks."""
+arguments (logs, Flower) that name the shard without printing the spec, for it and for its callbacks;
+and the chords (waves) a tick sends them in."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import pytest
@@ -11,15 +17,19 @@ from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.scheduler import schedule_queue
+from portal.ops.bench_reconcile import write_commit
+from portal.scheduling import capacity
 from tasks.app import app
 from tasks.config import gpu_queue
+from tasks.heartbeat import FLEET_KEY_PREFIX
 from tasks.logging_setup import received_log_fields
+from tasks.redis_client import redis_client
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _pending_shard(gpu_class: Any, root: Path) -> Shard:
+def _pending_shards(gpu_class: Any, root: Path, *, count: int = 1, estimated_seconds: float = 1.0) -> list[Shard]:
     job = Job.objects.create(
         tenant=TenantFactory(name="messages"),
         model=ModelFactory(name="messages", gpu_class=gpu_class, is_default=False),
@@ -27,24 +37,28 @@ def _pending_shard(gpu_class: Any, root: Path) -> Shard:
         input_uri="file:///x.jsonl",
         output_uri=(root / "output.jsonl").as_uri(),
         shard_size=3,
-        total_records=3,
+        total_records=3 * count,
         started_at=timezone.now(),
     )
-    return Shard.objects.create(
-        job=job,
-        index=0,
-        first_record=0,
-        record_count=3,
-        input_uri=(root / "0.jsonl").as_uri(),
-        prefix_uri=(root / "shard-0").as_uri(),
-        status=ShardStatus.PENDING,
-    )
+    return [
+        Shard.objects.create(
+            job=job,
+            index=index,
+            first_record=3 * index,
+            record_count=3,
+            input_uri=(root / f"{index}.jsonl").as_uri(),
+            prefix_uri=(root / f"shard-{index}").as_uri(),
+            status=ShardStatus.PENDING,
+            estimated_seconds=estimated_seconds,
+        )
+        for index in range(count)
+    ]
 
 
 def test_a_shards_message_prints_the_fields_that_name_it_and_carries_its_whole_spec(
     gpu_class: Any, tmp_path: Path
 ) -> None:
-    shard = _pending_shard(gpu_class, tmp_path)
+    [shard] = _pending_shards(gpu_class, tmp_path)
     job_id = str(shard.job_id)
     queue = gpu_queue(gpu_class.name)
     assert schedule_queue(queue) == 1
@@ -66,6 +80,79 @@ def test_a_shards_message_prints_the_fields_that_name_it_and_carries_its_whole_s
     [on_error] = callback["options"]["link_error"]
     for signature in (callback, on_error):
         assert signature["task"] == "batchery.shard_done"
-        assert signature["args"] == [job_id, 0, queue]
-        assert signature["options"]["argsrepr"] == repr((job_id, 0, queue))
+        assert signature["args"] == [job_id, [0], queue]
+        assert signature["options"]["argsrepr"] == repr((job_id, [0], queue))
         assert signature["options"]["kwargsrepr"] == "{}"
+
+
+@pytest.fixture
+def two_live_slots(gpu_class: Any) -> Iterator[str]:
+    """Two slots consuming the class's queue, as their heartbeats announce them."""
+    queue = gpu_queue(gpu_class.name)
+    client = redis_client()
+    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(2)]
+    for key in keys:
+        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
+    capacity._cached = None
+    try:
+        yield queue
+    finally:
+        client.delete(*keys)
+        capacity._cached = None
+
+
+def _sent_chords(queue: str) -> dict[tuple[int, ...], list[int]]:
+    """Each chord's shards, as its callback names them -> the shards whose messages carry that callback."""
+    chords: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    with app.connection_for_read() as connection:
+        messages = connection.SimpleQueue(queue)
+        while True:
+            try:
+                message = messages.get(timeout=1)
+            except Empty:
+                break
+            message.ack()
+            [spec], _, embed = message.decode()
+            _, indexes, _ = embed["chord"]["args"]
+            chords[tuple(indexes)].append(spec["shard_index"])
+    return chords
+
+
+def test_short_shards_are_sent_in_waves_each_chord_naming_its_shards_in_its_callback(
+    gpu_class: Any, tmp_path: Path, two_live_slots: str, settings: Any
+) -> None:
+    settings.BATCHERY_SCHEDULER_SECONDS_AHEAD = 1.0
+    settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = 8
+    # 10 ms shards: a slot gets 8 places (the cap), cut in two waves of 4; the window is 16.
+    _pending_shards(gpu_class, tmp_path, count=20, estimated_seconds=0.01)
+    assert capacity.wave_size(two_live_slots, 0.01) == 4
+
+    assert schedule_queue(two_live_slots) == 16
+
+    chords = _sent_chords(two_live_slots)
+    assert sorted(chords) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
+    assert all(sorted(shards) == list(named) for named, shards in chords.items())
+
+
+def test_long_shards_go_alone(gpu_class: Any, tmp_path: Path, two_live_slots: str) -> None:
+    _pending_shards(gpu_class, tmp_path, count=6, estimated_seconds=30.0)
+    assert capacity.wave_size(two_live_slots, 30.0) == 1
+
+    assert schedule_queue(two_live_slots) == 4, "two places a slot"
+
+    assert sorted(_sent_chords(two_live_slots)) == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_waves_callback_settles_each_of_its_shards(gpu_class: Any, tmp_path: Path) -> None:
+    from tasks.shard_done import shard_done
+
+    shards = _pending_shards(gpu_class, tmp_path, count=3)
+    Shard.objects.filter(pk__in=[shard.pk for shard in shards]).update(status=ShardStatus.DISPATCHED)
+    for shard in shards:
+        write_commit(shard)
+
+    shard_done.apply(args=(str(shards[0].job_id), [0, 1, 2], gpu_queue(gpu_class.name))).get()
+
+    assert set(Shard.objects.filter(job_id=shards[0].job_id).values_list("status", flat=True)) == {
+        ShardStatus.SUCCEEDED
+    }

@@ -47,35 +47,42 @@ def shard_time_limits(job: Job, shard: Shard) -> tuple[float, float]:
     return hard * 0.9, hard
 
 
-def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False) -> None:
-    """Send shards the scheduler claimed (marked dispatched, with their task ids) each as a chord of one;
-    with `copies`, their speculative copies (under `speculative_task_id`).
+def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave: int = 1) -> None:
+    """Send shards the scheduler claimed (marked dispatched, with their task ids) as chords of up to
+    `wave` shards (see `portal.scheduling.capacity.wave_size`); with `copies`, their speculative copies
+    (under `speculative_task_id`), each alone.
 
-    The chord's callback and its error callback are both `shard_done`, which reports the ending to
-    its queue's inbox (`finished_inbox`), settled in batches; see `portal.jobs.services.scheduler`.
+    A chord's callback and its error callback are both `shard_done`, naming the chord's shards, which
+    reports their endings to the queue's inbox (`finished_inbox`), settled in batches; see
+    `portal.jobs.services.scheduler`.
     """
     from tasks.run_shard import run_shard
     from tasks.shard_done import shard_done
 
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
-    for shard in shards:
-        soft, hard = shard_time_limits(job, shard)
-        spec = shard_spec(job, shard).to_dict()
-        header = run_shard.signature(
-            (spec,),
-            task_id=shard.speculative_task_id if copies else shard.task_id,
-            queue=queue,
-            priority=priority,
-            soft_time_limit=soft,
-            time_limit=hard,
-            argsrepr=repr(shard_named(spec)),
-            kwargsrepr="{}",
-        )
-        done = (str(job.id), shard.index, queue)
+    size = 1 if copies else max(1, wave)
+    for start in range(0, len(shards), size):
+        headers = []
+        for shard in shards[start : start + size]:
+            soft, hard = shard_time_limits(job, shard)
+            spec = shard_spec(job, shard).to_dict()
+            headers.append(
+                run_shard.signature(
+                    (spec,),
+                    task_id=shard.speculative_task_id if copies else shard.task_id,
+                    queue=queue,
+                    priority=priority,
+                    soft_time_limit=soft,
+                    time_limit=hard,
+                    argsrepr=repr(shard_named(spec)),
+                    kwargsrepr="{}",
+                )
+            )
+        done = (str(job.id), [shard.index for shard in shards[start : start + size]], queue)
         callback = shard_done.signature(done, immutable=True, queue=CONTROL_QUEUE, argsrepr=repr(done), kwargsrepr="{}")
         callback.on_error(callback.clone())
-        chord(group([header]), callback).apply_async()
+        chord(group(headers), callback).apply_async()
 
 
 def shard_named(spec: dict[str, object]) -> tuple[dict[str, object]]:

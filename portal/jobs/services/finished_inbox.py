@@ -1,6 +1,6 @@
 """Shard endings gathered per GPU queue and settled in batches.
 
-Each shard's chord callback (`batchery.shard_done`) puts its ending in the queue's inbox, a Redis
+Each chord callback (`batchery.shard_done`) puts its shards' endings in the queue's inbox, a Redis
 list, and then drains the inbox unless another callback is draining it already. The drainer takes
 up to `DRAIN_BATCH` endings at a time and settles them together (`scheduler.shards_finished`): one
 scheduling tick, one ledger write and one merge look per job for the whole batch. A lone ending is
@@ -19,6 +19,7 @@ next drain or the reconciler's sweep settles them (as it does for any lost callb
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import cast
 
 import redis
@@ -54,16 +55,16 @@ class BatchNotSettled(SharedWorkError):
         return f"settling {self.endings} shard endings of {self.queue!r} failed"
 
 
-def shard_finished_report(*, job_id: str, shard_index: int, queue: str = "") -> None:
-    """A shard's task ended: settle it, with the other endings of its queue waiting to be settled."""
+def shards_finished_report(*, job_id: str, shard_indexes: Sequence[int], queue: str = "") -> None:
+    """The tasks of a job's shards ended (a chord's): settle them, with the other endings of their
+    queue waiting to be settled."""
     client = redis_client()
-    ending = f"{job_id}:{shard_index}"
     try:
-        client.rpush(INBOX_KEY.format(queue=queue), ending)
+        client.rpush(INBOX_KEY.format(queue=queue), *(f"{job_id}:{index}" for index in shard_indexes))
     except redis.RedisError:
-        # Without Redis there is nobody to batch with: settle this one alone. Its errors are this
+        # Without Redis there is nobody to batch with: settle these alone. Their errors are this
         # job's own, so the task fails the job once its retries are spent, as before the inbox.
-        shards_finished([(job_id, shard_index)])
+        shards_finished([(job_id, index) for index in shard_indexes])
         return
     drain(client, queue)
 

@@ -3,10 +3,12 @@
 A running job's shards wait in PostgreSQL (status `pending`), not in the broker. Each GPU queue has
 a window (`portal.scheduling.capacity`): about two shards per live slot. Whenever places free up (a
 shard ends, a job starts, the reconciler sweeps), `schedule_queue` fills them in fair-share order
-(`portal.scheduling.fair_share`) and sends each shard as a chord of one (a dispatch wave of one
-shard), whose callback `batchery.shard_done` settles the shard, fills its place again at once and,
-once none of the job's shards is unsettled, sends the merge. A chord per job could only merge at
-its end; a wave of one refills a slot's place the moment it frees.
+(`portal.scheduling.fair_share`) and sends each job's claimed shards as chords (dispatch waves) of
+one shard, or of a few when shards are short (`capacity.wave_size`). A chord's callback
+`batchery.shard_done` settles its shards, fills their places again at once and, once none of the
+job's shards is unsettled, sends the merge. A chord per job could only merge at its end; a wave of
+one refills a slot's place the moment it frees, and a wave of short shards settles them for the
+price of one.
 
 So a tenant arriving behind another's large job waits for at most one shard per slot, not for the
 whole backlog. Everything the scheduler decides from lives in PostgreSQL (shard rows, the usage
@@ -36,7 +38,7 @@ from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.jobs import shards_redispatched_record
-from portal.scheduling.capacity import queue_slots, queue_window
+from portal.scheduling.capacity import queue_slots, queue_window, wave_size
 from portal.scheduling.costs import shard_cost_estimate
 from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
 from portal.scheduling.usage import usage_charge, usage_read
@@ -89,7 +91,8 @@ def schedule_queue(queue: str) -> int:
         gpu_class_id = waiting[0].model.gpu_class_id
         tenant_queues, firsts = _tenant_queues(waiting, counts, gpu_class_id)
         longest = max(job.shard_cost for tenant in tenant_queues for job in tenant.jobs)
-        free = queue_window(queue, shard_seconds=longest / waiting[0].model.gpus_per_replica) - in_flight
+        shard_seconds = longest / waiting[0].model.gpus_per_replica
+        free = queue_window(queue, shard_seconds=shard_seconds) - in_flight
         if free <= 0:
             return 0
         chosen, _ = share_out(free, tenant_queues)
@@ -115,8 +118,9 @@ def schedule_queue(queue: str) -> int:
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
     # with no message, which the reconciler sends again; the reverse would run shards the database
     # does not know were sent.
+    wave = wave_size(queue, shard_seconds)
     for job, shards in claimed:
-        shards_send(job, shards)
+        shards_send(job, shards, wave=wave)
     sent = sum(len(shards) for _, shards in claimed)
     logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
     return sent
