@@ -138,3 +138,24 @@ def test_the_planner_of_a_job_planned_for_the_first_time_does_not_look_for_earli
     job.refresh_from_db()
     assert (job.status, job.shard_count) == (JobStatus.RUNNING, 1)
     assert not [sql for sql in statements if 'SUM("jobs_shard"."record_count")' in sql]
+
+
+def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_endpoints_once(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    from portal.jobs.services.scheduler import shards_finished
+    from portal.ops.bench_reconcile import write_commit
+
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED])
+    Job.objects.filter(pk=job.pk).update(errors_uri=(tmp_path / "errors.jsonl").as_uri())
+    shard = job.shards.get()
+    write_commit(shard)
+    Path(shard.prefix_uri.removeprefix("file://")).joinpath("out.jsonl").write_text('{"custom_id": "a"}\n')
+    Path(shard.prefix_uri.removeprefix("file://")).joinpath("errors.jsonl").write_text("")
+
+    _, statements = _statements(lambda: shards_finished([(str(job.pk), 0)]))
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    endpoint_reads = [sql for sql in statements if 'FROM "webhooks_webhookendpoint"' in sql]
+    assert len(endpoint_reads) == 1, "the ending's event alone: a job that merged sends no progress event"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, BinaryIO
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
+from tasks import shard_execution
 from tasks.shard_execution import OutputLine, _BlockWriter, _write_outputs
 from tasks.storage import TransientStorageError
 from tasks.storage.local import LocalStore
@@ -70,5 +72,37 @@ def test_a_write_that_fails_on_the_thread_is_raised_and_publishes_nothing(
 
     with pytest.raises(TransientStorageError):
         _write_outputs(_StoreThatFailsErrors(), iter(_lines(1000)), **_uris(tmp_path))
+
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_smaller_than_a_block_is_written_in_the_caller_without_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+
+    class RecordedThread(threading.Thread):
+        def start(self) -> None:
+            started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(shard_execution.threading, "Thread", RecordedThread)
+    lines = _lines(10)
+
+    counts, _ = _write_outputs(LocalStore(), iter(lines), **_uris(tmp_path))
+
+    assert started == []
+    assert (tmp_path / "out.jsonl").read_bytes() == b"".join(line.data for line in lines)
+    assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(line.data for line in lines if line.error_code)
+    assert counts["records"] == 10
+
+    monkeypatch.setattr(_BlockWriter, "BLOCK_BYTES", 64)
+    _write_outputs(LocalStore(), iter(lines), **_uris(tmp_path))
+    assert started == ["shard output writer"], "a full block starts the thread"
+
+
+def test_a_small_output_whose_write_fails_is_raised_and_publishes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(TransientStorageError):
+        _write_outputs(_StoreThatFailsErrors(), iter(_lines(10)), **_uris(tmp_path))
 
     assert list(tmp_path.iterdir()) == []

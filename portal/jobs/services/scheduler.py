@@ -292,11 +292,15 @@ def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
     ledger.flush()
     for queue in sorted({job_queue(job) for job in jobs.values()}):
         schedule_queue(queue)
+    running: list[Job] = []
     for job in settled_jobs:
         if not merge_when_settled(job, small_here=True):
             # Stitch what has finished now, so the merge at the end has only the tail left.
             job_merge_advance(job_id=str(job.id), holder="settle")
-    webhook_jobs_progress(jobs=settled_jobs)
+            running.append(job)
+    # A job that merges now tells its end instead (`job_ended`): a one-record job's ending asked for
+    # its tenant's endpoints twice.
+    webhook_jobs_progress(jobs=running)
 
 
 def _settle_shards(job: Job, indexes: set[int], ledger: SettleLedger) -> None:
