@@ -120,10 +120,12 @@ def run_records(
     `LENGTH_SORT_WINDOW` micro-batches sorted by input length before it is cut, and that window's results
     come out, in input order, when all of it ran; any other engine gets the micro-batches in input order,
     each one's results out as soon as it ran. After each micro-batch, ``on_progress(records_done, errors)``
-    is called with running totals. ``should_stop()`` is asked before each micro-batch; when it answers True
-    the iterator ends, and cancelling is the caller's business. ``on_out_of_memory_split(records)``
-    is called each time a batch of that many records ran out of memory and is split in halves, and
-    ``on_micro_batch(records)`` with the size of each micro-batch before it runs.
+    is called with running totals. ``should_stop()`` is asked before each micro-batch but the first
+    (the caller has just decided to start: asking again cost a one-record shard a Redis and a storage
+    read); when it answers True the iterator ends, and cancelling is the caller's business.
+    ``on_out_of_memory_split(records)`` is called each time a batch of that many records ran out of
+    memory and is split in halves, and ``on_micro_batch(records)`` with the size of each micro-batch
+    before it runs.
     Exceptions of the ``propagate`` types are not a record's fault (e.g. the task's soft time
     limit): they end the run instead of being isolated.
 
@@ -141,7 +143,7 @@ def run_records(
         ordered = span if order is None else [span[index] for index in order]
         ran: list[RecordResult] = []
         for start in range(0, len(ordered), micro_batch_size):
-            if should_stop is not None and should_stop():
+            if should_stop is not None and (window_start or start) and should_stop():
                 return
             batch = ordered[start : start + micro_batch_size]
             if on_micro_batch is not None:

@@ -1,14 +1,17 @@
 """Leases: a Redis key with a short TTL that a running attempt keeps renewing.
 
 The reconciler reads them to tell a shard that is being worked on from one whose message was lost.
-A heartbeat thread renews the lease, so a long micro-batch does not let it lapse; a process that
+One thread per process renews its leases, so a long micro-batch does not let it lapse; a process that
 dies (or is paused past the TTL) stops renewing, and its lease expires.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
+import time
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -61,8 +64,60 @@ class LeaseHeld(Exception):
         self.holder = holder
 
 
+class _Renewer:
+    """One daemon thread per process that renews every lease it holds, each a third of its TTL after
+    it was last written. A thread started and joined per lease cost a one-record shard more than the
+    lease's two Redis commands; here taking and letting go of a lease is a dictionary entry.
+
+    Renewals are written under the lock, so a lease let go of (`remove`) is never written again
+    after its holder deletes it."""
+
+    def __init__(self) -> None:
+        self._due: dict[Lease, float] = {}
+        self._wake_at = math.inf
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        due = time.monotonic() + lease.ttl_s / 3
+        with self._changed:
+            self._due[lease] = due
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease renewer", daemon=True)
+                self._thread.start()
+            if due < self._wake_at:
+                self._changed.notify()
+
+    def remove(self, lease: Lease) -> None:
+        with self._changed:
+            self._due.pop(lease, None)
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for lease, due in list(self._due.items()):
+                    if due <= now:
+                        lease.put()
+                        self._due[lease] = now + lease.ttl_s / 3
+                self._wake_at = min(self._due.values(), default=math.inf)
+                self._changed.wait(None if self._wake_at == math.inf else self._wake_at - now)
+
+
+_renewer = _Renewer()
+
+
+def _renewer_after_fork() -> None:
+    # A forked child has none of its parent's threads: it starts its own renewer when it takes a lease.
+    global _renewer
+    _renewer = _Renewer()
+
+
+os.register_at_fork(after_in_child=_renewer_after_fork)
+
+
 class Lease:
-    """Hold `key` while the block runs; renewed every third of the TTL by a daemon thread.
+    """Hold `key` while the block runs; renewed every third of the TTL by the process's renewer thread.
 
     An exclusive lease is taken only if nobody holds it (SET NX) and raises `LeaseHeld` otherwise;
     a plain one is simply written, for work that is fenced elsewhere (shard commits).
@@ -73,20 +128,14 @@ class Lease:
         self.holder = holder
         self.ttl_s = ttl_s
         self.exclusive = exclusive
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"lease {key}", daemon=True)
 
-    def _put(self) -> None:
+    def put(self) -> None:
         try:
             redis_client().set(self.key, self.holder, ex=self.ttl_s)
         except redis.RedisError as exc:
             # Without Redis the reconciler sees no lease and may send the work again; the fenced
             # commit makes that harmless, so the attempt goes on.
             logger.warning("could not renew lease %s: %s", self.key, exc)
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            self._put()
 
     def __enter__(self) -> Lease:
         if self.exclusive:
@@ -98,15 +147,14 @@ class Lease:
             if not taken:
                 raise LeaseHeld(self.key, lease_holder(self.key))
         else:
-            self._put()
-        self._thread.start()
+            self.put()
+        _renewer.add(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1)
+        _renewer.remove(self)
         try:
             redis_client().delete(self.key)
         except redis.RedisError:

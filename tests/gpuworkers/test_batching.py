@@ -496,3 +496,19 @@ def test_a_micro_batch_of_only_long_records_calls_the_engine_not_at_all() -> Non
 
     assert [result.error["code"] for result in results if result.error] == [batching.INPUT_TOO_LONG] * 2
     assert engine.batches == []
+
+
+def test_should_stop_is_not_asked_before_the_first_micro_batch() -> None:
+    """The caller has just decided to start; it is asked again only between micro-batches."""
+    engine = EchoEngine()
+    asked = 0
+
+    def should_stop() -> bool:
+        nonlocal asked
+        asked += 1
+        return True
+
+    results = list(run_records(engine, items_of(*range(5)), params={}, micro_batch_size=3, should_stop=should_stop))
+
+    assert [result.custom_id for result in results] == [f"id-{index}" for index in range(3)]
+    assert asked == 1
