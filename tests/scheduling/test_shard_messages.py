@@ -101,8 +101,9 @@ def two_live_slots(gpu_class: Any) -> Iterator[str]:
         capacity._cached = None
 
 
-def _sent_chords(queue: str) -> dict[tuple[int, ...], list[int]]:
-    """Each chord's shards, as its callback names them -> the shards whose messages carry that callback."""
+def _sent_chords(queue: str, task_ids: dict[int, str] | None = None) -> dict[tuple[int, ...], list[int]]:
+    """Each chord's shards, as its callback names them -> the shards whose messages carry that callback;
+    each shard's message id into `task_ids`, if given."""
     chords: dict[tuple[int, ...], list[int]] = defaultdict(list)
     with app.connection_for_read() as connection:
         messages = connection.SimpleQueue(queue)
@@ -115,6 +116,8 @@ def _sent_chords(queue: str) -> dict[tuple[int, ...], list[int]]:
             [spec], _, embed = message.decode()
             _, indexes, _ = embed["chord"]["args"]
             chords[tuple(indexes)].append(spec["shard_index"])
+            if task_ids is not None:
+                task_ids[spec["shard_index"]] = message.headers["id"]
     return chords
 
 
@@ -124,14 +127,19 @@ def test_short_shards_are_sent_in_waves_each_chord_naming_its_shards_in_its_call
     settings.BATCHERY_SCHEDULER_SECONDS_AHEAD = 1.0
     settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = 8
     # 10 ms shards: a slot gets 8 places (the cap), cut in two waves of 4; the window is 16.
-    _pending_shards(gpu_class, tmp_path, count=20, estimated_seconds=0.01)
+    [first, *_] = _pending_shards(gpu_class, tmp_path, count=20, estimated_seconds=0.01)
     assert capacity.wave_size(two_live_slots, 0.01) == 4
 
     assert schedule_queue(two_live_slots) == 16
 
-    chords = _sent_chords(two_live_slots)
+    task_ids: dict[int, str] = {}
+    chords = _sent_chords(two_live_slots, task_ids)
     assert sorted(chords) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
     assert all(sorted(shards) == list(named) for named, shards in chords.items())
+    # Each row holds its message's id (made in SQL from the row's index), as the reconciler reads it.
+    rows = Shard.objects.filter(job_id=first.job_id, status=ShardStatus.DISPATCHED)
+    assert dict(rows.values_list("index", "task_id")) == task_ids
+    assert len(set(task_ids.values())) == 16
 
 
 def test_long_shards_go_alone(gpu_class: Any, tmp_path: Path, two_live_slots: str) -> None:

@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Sequence
 
 from celery import chord, group
+from django.db.models import CharField, Value
+from django.db.models.functions import Cast, Concat
 
 from portal.jobs.models import Job, Shard
 from portal.jobs.services.storage_layout import job_root, pause_marker_uri
@@ -97,8 +99,19 @@ def shard_named(spec: dict[str, object]) -> tuple[dict[str, object]]:
     return ({field: spec[field] for field in ("job_id", "shard_index", "record_count")},)
 
 
-def new_task_id(job: Job, shard: Shard) -> str:
-    return f"shard-{job.id}-{shard.index}-{uuid.uuid4().hex[:12]}"
+def new_task_id(job: Job, shard: Shard, tag: str = "") -> str:
+    """The id of one dispatch of a shard's task. Shards sent together share a `tag`, new for each
+    sending, so that their rows take their ids in one UPDATE (`task_id_column`)."""
+    return f"shard-{job.id}-{shard.index}-{tag or new_dispatch_tag()}"
+
+
+def new_dispatch_tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def task_id_column(job: Job, tag: str) -> Concat:
+    """`new_task_id` of each of the job's shard rows with this tag, as an SQL expression."""
+    return Concat(Value(f"shard-{job.id}-"), Cast("index", CharField()), Value(f"-{tag}"), output_field=CharField())
 
 
 def job_queue(job: Job) -> str:

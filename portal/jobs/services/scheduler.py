@@ -27,13 +27,20 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, Count, Exists, F, OuterRef, Value, When
+from django.db.models import Count, Exists, F, OuterRef
 from django.utils import timezone
 
 from gpuworkers.logs import log_context
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
-from portal.jobs.services.dispatch import effective_priority, job_queue, new_task_id, shards_send
+from portal.jobs.services.dispatch import (
+    effective_priority,
+    job_queue,
+    new_dispatch_tag,
+    new_task_id,
+    shards_send,
+    task_id_column,
+)
 from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
 from portal.jobs.services.transitions import job_fail
@@ -106,13 +113,14 @@ def schedule_queue(queue: str) -> int:
             else:
                 pending = Shard.objects.filter(job_id=job_id, status=ShardStatus.PENDING).order_by("index")
                 shards = list(pending[:count])
+            tag = new_dispatch_tag()
             for shard in shards:
                 shard.status = ShardStatus.DISPATCHED
-                shard.task_id = new_task_id(job, shard)
+                shard.task_id = new_task_id(job, shard, tag)
                 shard.attempt += 1
                 shard.dispatched_at = now
                 charges[job.tenant_id] += shard_cost_estimate(job, shard)
-            _mark_dispatched(shards, now)
+            _mark_dispatched(job, shards, now, tag)
             claimed.append((job, shards))
         usage_charge(charges=charges, gpu_class_id=gpu_class_id, now=now)
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
@@ -126,16 +134,17 @@ def schedule_queue(queue: str) -> int:
     return sent
 
 
-def _mark_dispatched(shards: list[Shard], now: dt.datetime) -> None:
-    """Write the claimed shards' rows as their objects now say, in one UPDATE in which only the task
-    ids differ: `bulk_update`'s CASE for every column cost more CPU than the rest of a one-shard tick."""
+def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) -> None:
+    """Write the job's claimed shards' rows as their objects now say, in one UPDATE whose task ids
+    SQL makes from each row's index and the tick's `tag`: `bulk_update`'s CASE for every column, and
+    then a CASE of the task ids alone, cost more CPU than the rest of a tick."""
     if not shards:
         return
     Shard.objects.filter(pk__in=[shard.pk for shard in shards]).update(
         status=ShardStatus.DISPATCHED,
         dispatched_at=now,
         attempt=F("attempt") + 1,
-        task_id=Case(*(When(pk=shard.pk, then=Value(shard.task_id)) for shard in shards)),
+        task_id=task_id_column(job, tag),
     )
 
 
