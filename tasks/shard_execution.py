@@ -16,8 +16,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, nullcontext
 from types import TracebackType
 from typing import BinaryIO, NamedTuple
 
@@ -207,7 +207,7 @@ def _run_attempt(
         worker=worker,
         pid=os.getpid(),
         output_uri=output_uri,
-        errors_uri=errors_uri,
+        errors_uri=errors_uri if counts["failed"] else "",
         parquet_uri=piece.uri if piece.written else "",
         records=counts["records"],
         succeeded=counts["records"] - counts["failed"],
@@ -279,8 +279,9 @@ def _write_outputs(
     errors_uri: str,
     piece: ShardPiece | None = None,
 ) -> tuple[dict[str, int], Counter[str]]:
-    """Write the attempt's output and error lines, and its Parquet `piece` if asked; return its
-    counts and its error codes.
+    """Write the attempt's output lines, its error lines if a record failed, and its Parquet `piece`
+    if asked; return its counts and its error codes. No error lines, no error file: most shards have
+    none, and an empty object cost each of them a write (an S3 PUT) and the merge a read.
 
     `lines` runs the model as it is consumed; the writes go to storage on a thread (`_BlockWriter`),
     so an S3 part upload does not hold up the next micro-batch.
@@ -289,8 +290,8 @@ def _write_outputs(
     error_codes: Counter[str] = Counter()
     with (
         store.open_write(output_uri) as output,
-        store.open_write(errors_uri) as errors,
-        _BlockWriter(output, errors) as writer,
+        ExitStack() as opened,
+        _BlockWriter(output, lambda: opened.enter_context(store.open_write(errors_uri))) as writer,
         piece or nullcontext(),
     ):
         for line in lines:
@@ -315,13 +316,16 @@ class _BlockWriter:
     abandoned, so nothing is written after the attempt gave up. The thread starts with the first
     full block: a shard whose output never fills one writes it at the end, in the caller, when the
     thread would have written it too (starting a thread cost a one-record shard more than its write).
+    The error file is opened (`open_errors`) with the first error line that is written.
     """
 
     BLOCK_BYTES = 1024 * 1024
     QUEUED_BLOCKS = 8
 
-    def __init__(self, output: BinaryIO, errors: BinaryIO) -> None:
-        self._targets = (output, errors)
+    def __init__(self, output: BinaryIO, open_errors: Callable[[], BinaryIO]) -> None:
+        self._target = output
+        self._open_errors = open_errors
+        self._errors_target: BinaryIO | None = None
         self._output = bytearray()
         self._errors = bytearray()
         self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue(maxsize=self.QUEUED_BLOCKS)
@@ -349,14 +353,19 @@ class _BlockWriter:
         self._output.clear()
         self._errors.clear()
 
+    def _write(self, output: bytes | bytearray, errors: bytes | bytearray) -> None:
+        self._target.write(output)
+        if errors:
+            if self._errors_target is None:
+                self._errors_target = self._open_errors()
+            self._errors_target.write(errors)
+
     def _drain(self) -> None:
-        output, errors = self._targets
         while (block := self._queue.get()) is not None:
             if self._abandoned.is_set() or self._failure is not None:
                 continue  # keep taking blocks, so a caller blocked on a full queue is let go
             try:
-                output.write(block[0])
-                errors.write(block[1])
+                self._write(*block)
             except BaseException as exc:  # handed to the caller, which raises it
                 self._failure = exc
 
@@ -365,9 +374,7 @@ class _BlockWriter:
     ) -> None:
         if self._thread is None:
             if exc is None:
-                output, errors = self._targets
-                output.write(self._output)
-                errors.write(self._errors)
+                self._write(self._output, self._errors)
             return
         try:
             if exc is None:

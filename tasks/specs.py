@@ -68,7 +68,7 @@ class ShardManifest:
     output_uri: str
     """One line per input record, in input order: a response or an error."""
     errors_uri: str
-    """Only the error lines."""
+    """Only the error lines; empty when no record failed (no such file was written)."""
     records: int
     succeeded: int
     failed: int

@@ -51,6 +51,18 @@ def test_an_attempt_writes_under_its_own_key_and_commits_its_manifest(spec: Shar
     assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4"]
     assert lines[2]["error"]["message"] == "ValueError: the input must be a string or an array of token ids, not dict"
     assert len(lines[0]["response"]["embedding"]) == 384
+    assert Path(manifest.errors_uri.removeprefix("file://")).read_bytes().splitlines() == [orjson.dumps(lines[2])]
+
+
+def test_an_attempt_none_of_whose_records_failed_writes_no_error_file(spec: ShardSpec, tmp_path: Path) -> None:
+    fine = tmp_path / "input" / "fine.jsonl"
+    fine.write_text("".join(json.dumps({"custom_id": f"r{n}", "input": f"sentence {n}"}) + "\n" for n in range(3)))
+
+    manifest = execute_shard(replace(spec, record_count=3, input_uri=fine.as_uri()), worker="w1")
+
+    assert (manifest.succeeded, manifest.failed, manifest.errors_uri) == (3, 0, "")
+    written = sorted(path.name for path in (tmp_path / "shards" / "00000" / "attempts").iterdir())
+    assert written == [f"{manifest.attempt_id}.output.jsonl"]
 
 
 def test_a_record_of_several_texts_gets_one_embedding_a_text_shortened_to_the_dimensions_asked(

@@ -106,3 +106,14 @@ def test_a_small_output_whose_write_fails_is_raised_and_publishes_nothing(tmp_pa
         _write_outputs(_StoreThatFailsErrors(), iter(_lines(10)), **_uris(tmp_path))
 
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_without_error_lines_writes_no_error_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fine = [line._replace(error_code=None) for line in _lines(300)]
+    for block_bytes in (64, _BlockWriter.BLOCK_BYTES):  # on the thread, and in the caller
+        monkeypatch.setattr(_BlockWriter, "BLOCK_BYTES", block_bytes)
+
+        counts, codes = _write_outputs(LocalStore(), iter(fine), **_uris(tmp_path))
+
+        assert (counts["failed"], codes) == (0, {})
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["out.jsonl"]

@@ -93,7 +93,7 @@ def _write_errors(outcomes: list[ShardOutcome], target: BinaryIO) -> None:
     for outcome in outcomes:
         if outcome.manifest is None:
             target.writelines(unfinished_shard_lines(outcome))
-        else:
+        elif outcome.manifest.errors_uri:  # empty: none of the shard's records failed
             _copy(outcome.manifest.errors_uri, target)
 
 
@@ -206,7 +206,7 @@ def _enough_to_stage(uri: str, outcomes: list[ShardOutcome], source_of: Callable
             total += sum(len(line) for _, line in _unfinished_lines(outcome))
         else:
             source = source_of(outcome.manifest)
-            total += store_for(source).size(source)
+            total += store_for(source).size(source) if source else 0
         if total >= least:
             return True
     return False
