@@ -98,7 +98,10 @@ class _Renewer:
                 now = time.monotonic()
                 for lease, due in list(self._due.items()):
                     if due <= now:
-                        lease.put()
+                        try:
+                            lease.put()
+                        except Exception:  # one lease's failure must not end the renewals of all the others
+                            logger.exception("renewing lease %s failed", lease.key)
                         self._due[lease] = now + lease.ttl_s / 3
                 self._wake_at = min(self._due.values(), default=math.inf)
                 self._changed.wait(None if self._wake_at == math.inf else self._wake_at - now)

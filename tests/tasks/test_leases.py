@@ -41,3 +41,20 @@ def test_many_leases_share_one_renewer_thread() -> None:
         for lease in leases:
             lease.__exit__(None, None, None)
     assert [lease_holder(key) for key in keys] == [None] * 20
+
+
+def test_a_renewal_that_fails_leaves_the_other_leases_renewed() -> None:
+    class Broken(Lease):
+        renewals = 0
+
+        def put(self) -> None:
+            Broken.renewals += 1
+            if Broken.renewals > 1:  # its first write, on entering, works; each renewal fails
+                raise RuntimeError("a bug in one lease's renewal")
+            super().put()
+
+    kept = _key()
+    with Broken(_key(), "broken", ttl_s=2), Lease(kept, "kept", ttl_s=2):
+        time.sleep(3.0)
+        assert Broken.renewals >= 3, "the renewer went on after the failure"
+        assert lease_holder(kept) == "kept"
