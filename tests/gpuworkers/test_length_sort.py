@@ -9,7 +9,7 @@ from typing import Any
 
 from gpuworkers import batching
 from gpuworkers.batching import run_records
-from tests.gpuworkers.test_batching import EchoEngine, items_of
+from tests.gpuworkers.echo_engines import EchoEngine, items_of
 
 
 class PaddingEchoEngine(EchoEngine):
