@@ -3,13 +3,15 @@
 The reconciler uses it to tell a lost shard message from one that is merely waiting in a queue;
 the portal's /metrics uses `queue_depths` for each queue's backlog.
 Kombu's Redis transport keeps each queue as a list (one list per priority step) and delivered
-messages in the `unacked` hash; both hold the task id in the message headers. For any other broker
+messages in the `unacked` hash; both hold the task id in the message headers, and a wave's message
+(`tasks.run_shard.run_shards`) its shards' task ids in its arguments. For any other broker
 the answer is None ("cannot tell"), and the reconciler falls back to waiting out the visibility
 timeout.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterable
@@ -18,7 +20,7 @@ from typing import Any
 
 import redis
 
-from tasks.config import broker_url
+from tasks.config import WAVE_TASK, broker_url
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +31,35 @@ SCAN_CHUNK = 1000
 PRIORITY_STEPS = range(10)
 
 
-def _task_id(raw: bytes | str) -> str | None:
+def _task_ids(raw: bytes | str) -> list[str]:
+    """The task ids a raw message stands for: its own, and for a wave (`WAVE_TASK`) each of its shards'."""
     try:
         payload: Any = json.loads(raw)
     except ValueError:
-        return None
+        return []
     if isinstance(payload, list):  # unacked entries are [message, exchange, routing_key]
         payload = payload[0] if payload else {}
     if not isinstance(payload, dict):
-        return None
+        return []
     headers = payload.get("headers") or {}
     task_id = headers.get("id")
-    return str(task_id) if task_id else None
+    ids = [str(task_id)] if task_id else []
+    if headers.get("task") == WAVE_TASK:
+        ids.extend(_wave_shard_ids(payload))
+    return ids
+
+
+def _wave_shard_ids(payload: dict[str, Any]) -> list[str]:
+    """The shard task ids a wave's message carries in its arguments (`[[task id, spec], ...]`)."""
+    try:
+        body: Any = payload.get("body") or ""
+        if (payload.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        [shards], _, _ = json.loads(body)
+        return [str(task_id) for task_id, _ in shards]
+    except (ValueError, TypeError):
+        logger.warning("a wave's message could not be read for its shards' ids")
+        return []
 
 
 @dataclass(frozen=True)
@@ -68,13 +87,9 @@ def pending_task_ids(queues: Iterable[str]) -> BrokerView | None:
         for key, length in _list_lengths(client, queues).items():
             for start in range(0, length, SCAN_CHUNK):
                 for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
-                    task_id = _task_id(raw)
-                    if task_id:
-                        found.add(task_id)
+                    found.update(_task_ids(raw))
         for _, raw in client.hscan_iter("unacked", count=SCAN_CHUNK):
-            task_id = _task_id(raw)
-            if task_id:
-                unacked.add(task_id)
+            unacked.update(_task_ids(raw))
     except redis.RedisError as exc:
         logger.warning("cannot read the broker's queues: %s", exc)
         return None

@@ -14,6 +14,8 @@ from tasks.env import ImproperlyConfiguredEnv, env_bool, env_int, env_list, env_
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONTROL_QUEUE = "control"
+WAVE_TASK = "batchery.run_shards"
+"""The task that runs a wave of short shards in one message (`tasks.run_shard.run_shards`)."""
 GPU_QUEUE_PREFIX = "gpu."
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"

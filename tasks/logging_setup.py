@@ -25,6 +25,7 @@ from celery.apps import worker as celery_worker
 from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
 
 from gpuworkers.logs import bind_log_context, clear_log_context, configure_logging, json_line, log_format
+from tasks.config import WAVE_TASK
 
 RUN_SHARD = "batchery.run_shard"
 # Control tasks whose first argument names what they work on.
@@ -72,7 +73,7 @@ _SHARD_FIELDS = {"job_id": re.compile(r"'job_id': '([^']*)'"), "shard": re.compi
 def received_log_fields(name: str, argsrepr: str, kwargsrepr: str) -> dict[str, object]:
     """The log context of task `name` read from the printed form of its arguments."""
     fields: dict[str, object] = {}
-    if name == RUN_SHARD:
+    if name in (RUN_SHARD, WAVE_TASK):  # a wave prints its job and its shards' indexes: the job is read
         for field, pattern in _SHARD_FIELDS.items():
             match = pattern.search(argsrepr) or pattern.search(kwargsrepr)
             if match:

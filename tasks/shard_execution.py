@@ -35,7 +35,7 @@ from tasks.leases import Lease, shard_lease_key
 from tasks.progress import publish_shard_progress
 from tasks.shard_bisect import run_checkpointed
 from tasks.shard_piece import ShardPiece
-from tasks.specs import ShardManifest, ShardSkipped, ShardSpec, read_commit
+from tasks.specs import ShardManifest, ShardSkipped, ShardSpec, read_commit, started_uri
 from tasks.stops import PAUSED, arrival_hold, stop_reason
 from tasks.storage import ObjectStore, join_uri, store_for
 
@@ -50,7 +50,7 @@ watching sees no difference, and a fast model's micro-batches do not each cost a
 
 def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: str) -> int:
     """Record that an attempt started; return how many have started, this one included."""
-    started = join_uri(spec.shard_prefix, "started")
+    started = started_uri(spec.shard_prefix)
     store.put_if_absent(join_uri(started, attempt_id), worker.encode())
     return sum(1 for _ in store.list_prefix(started))
 

@@ -117,6 +117,17 @@ def commit_uri(shard_prefix: str) -> str:
     return join_uri(shard_prefix, "commit.json")
 
 
+def started_uri(shard_prefix: str) -> str:
+    """The prefix under which each attempt of the shard leaves a marker as it starts."""
+    return join_uri(shard_prefix, "started")
+
+
+def attempt_started(shard_prefix: str) -> bool:
+    """Whether any attempt of the shard has started."""
+    uri = started_uri(shard_prefix)
+    return next(iter(store_for(uri).list_prefix(uri)), None) is not None
+
+
 def read_commit(shard_prefix: str) -> ShardManifest | None:
     """The manifest of the shard's committed attempt (the first writer of its commit marker), or None."""
     uri = commit_uri(shard_prefix)

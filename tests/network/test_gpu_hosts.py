@@ -74,7 +74,9 @@ def test_a_gpu_host_imports_no_django_and_runs_a_job_with_no_database_reachable(
     assert info["hostname"] == beat["worker"]
     assert info["django_imported"] is False, "the slot process has no django module loaded"
     registered = (app.control.inspect(destination=[beat["worker"]], timeout=5).registered() or {})[beat["worker"]]
-    assert sorted(registered) == ["batchery.run_shard", "batchery.slot_info"], "only the slot's tasks"
+    assert sorted(registered) == ["batchery.run_shard", "batchery.run_shards", "batchery.slot_info"], (
+        "only the slot's tasks"
+    )
 
     # The control worker (Django, the database) plans and merges; the slot runs every shard.
     _echo_model(sleep_per_record=0.0)

@@ -16,6 +16,7 @@ import pytest
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.services.dispatch import wave_task_id
 from portal.jobs.services.scheduler import schedule_queue
 from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
@@ -102,8 +103,8 @@ def two_live_slots(gpu_class: Any) -> Iterator[str]:
 
 
 def _sent_chords(queue: str, task_ids: dict[int, str] | None = None) -> dict[tuple[int, ...], list[int]]:
-    """Each chord's shards, as its callback names them -> the shards whose messages carry that callback;
-    each shard's message id into `task_ids`, if given."""
+    """Each chord's shards, as its callback names them -> the shards its message carries (a wave's message
+    several, `run_shards`); each shard's task id into `task_ids`, if given."""
     chords: dict[tuple[int, ...], list[int]] = defaultdict(list)
     with app.connection_for_read() as connection:
         messages = connection.SimpleQueue(queue)
@@ -113,11 +114,16 @@ def _sent_chords(queue: str, task_ids: dict[int, str] | None = None) -> dict[tup
             except Empty:
                 break
             message.ack()
-            [spec], _, embed = message.decode()
+            [argument], _, embed = message.decode()
+            if message.headers["task"] == "batchery.run_shards":
+                carried = {spec["shard_index"]: task_id for task_id, spec in argument}
+                assert message.headers["id"] == wave_task_id(carried[min(carried)])
+            else:
+                carried = {argument["shard_index"]: message.headers["id"]}
             _, indexes, _ = embed["chord"]["args"]
-            chords[tuple(indexes)].append(spec["shard_index"])
+            chords[tuple(indexes)].extend(carried)
             if task_ids is not None:
-                task_ids[spec["shard_index"]] = message.headers["id"]
+                task_ids.update(carried)
     return chords
 
 
@@ -135,8 +141,8 @@ def test_short_shards_are_sent_in_waves_each_chord_naming_its_shards_in_its_call
     task_ids: dict[int, str] = {}
     chords = _sent_chords(two_live_slots, task_ids)
     assert sorted(chords) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
-    assert all(sorted(shards) == list(named) for named, shards in chords.items())
-    # Each row holds its message's id (made in SQL from the row's index), as the reconciler reads it.
+    assert all(shards == list(named) for named, shards in chords.items()), "one message a wave, in order"
+    # Each row holds the task id its wave's message carries for it (made in SQL from the row's index).
     rows = Shard.objects.filter(job_id=first.job_id, status=ShardStatus.DISPATCHED)
     assert dict(rows.values_list("index", "task_id")) == task_ids
     assert len(set(task_ids.values())) == 16
@@ -169,3 +175,42 @@ def test_a_waves_callback_settles_each_of_its_shards(gpu_class: Any, tmp_path: P
         2: ShardStatus.SUCCEEDED,
         3: ShardStatus.DISPATCHED,
     }
+
+
+def test_a_wave_that_ended_early_sends_its_unrun_shards_again_counting_only_the_one_that_started(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    from tasks.shard_done import shard_done
+
+    # The wave's time limit ended it inside shard 1: shard 0 committed, shard 2 never started.
+    shards = _pending_shards(gpu_class, tmp_path, count=3)
+    for shard in shards:
+        Shard.objects.filter(pk=shard.pk).update(
+            status=ShardStatus.DISPATCHED, attempt=1, task_id=f"shard-{shard.job_id}-{shard.index}-ended"
+        )
+    write_commit(shards[0])
+    started = Path(shards[1].prefix_uri.removeprefix("file://")) / "started"
+    started.mkdir(parents=True)
+    (started / "attempt-1").write_text("w1")
+
+    shard_done.apply(args=(str(shards[0].job_id), [0, 1, 2], gpu_queue(gpu_class.name))).get()
+
+    rows = {row.index: row for row in Shard.objects.filter(job_id=shards[0].job_id)}
+    assert rows[0].status == ShardStatus.SUCCEEDED
+    # Both were sent again at once (the scheduler's tick after settling); only shard 1's sending counted.
+    assert (rows[1].status, rows[1].attempt) == (ShardStatus.DISPATCHED, 2)
+    assert (rows[2].status, rows[2].attempt) == (ShardStatus.DISPATCHED, 1)
+    assert not {rows[1].task_id, rows[2].task_id} & {f"shard-{shards[0].job_id}-{i}-ended" for i in (1, 2)}
+
+
+def test_a_lone_shard_with_no_outcome_yet_is_left_running(gpu_class: Any, tmp_path: Path) -> None:
+    from tasks.shard_done import shard_done
+
+    # A lone shard's callback with no outcome stored: its speculative copy ended, the shard itself runs on.
+    [shard] = _pending_shards(gpu_class, tmp_path)
+    Shard.objects.filter(pk=shard.pk).update(status=ShardStatus.DISPATCHED, attempt=1, task_id="shard-still-running")
+
+    shard_done.apply(args=(str(shard.job_id), [0], gpu_queue(gpu_class.name))).get()
+
+    shard.refresh_from_db()
+    assert (shard.status, shard.attempt, shard.task_id) == (ShardStatus.DISPATCHED, 1, "shard-still-running")

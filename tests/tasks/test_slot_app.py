@@ -35,6 +35,6 @@ def test_the_slot_app_registers_the_slot_tasks_alone_and_a_control_module_cannot
     )
     assert finished.returncode == 0, finished.stderr
     seen = json.loads(finished.stdout.splitlines()[-1])
-    assert seen["tasks"] == ["batchery.run_shard", "batchery.slot_info"]
+    assert seen["tasks"] == ["batchery.run_shard", "batchery.run_shards", "batchery.slot_info"]
     assert seen["django"] is False
     assert "a GPU host's slot runs without Django" in seen["control"]

@@ -39,52 +39,63 @@ def shard_spec(job: Job, shard: Shard) -> ShardSpec:
     )
 
 
-def shard_time_limits(job: Job, shard: Shard) -> tuple[float, float]:
-    """(soft, hard) seconds: a base plus a cost per record, from the model's defaults, capped so
-    that the broker's visibility timeout always outlasts the hard limit."""
+def shard_time_limits(job: Job, records: int) -> tuple[float, float]:
+    """(soft, hard) seconds for a message of `records` records (a shard, or a wave of them): a base plus
+    a cost per record, from the model's defaults, capped so that the broker's visibility timeout always
+    outlasts the hard limit. A wave is limited as one shard of all its records: its base (a model's load)
+    is paid once."""
     params = {**job.model.default_params, **job.params}
     base = float(params.get("time_limit_base_s", DEFAULT_TIME_LIMIT_BASE_S))
     per_record = float(params.get("time_limit_per_record_s", DEFAULT_TIME_LIMIT_PER_RECORD_S))
-    hard = min(base + per_record * shard.record_count, float(SHARD_HARD_TIME_LIMIT_S))
+    hard = min(base + per_record * records, float(SHARD_HARD_TIME_LIMIT_S))
     return hard * 0.9, hard
 
 
 def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave: int = 1) -> None:
-    """Send shards the scheduler claimed (marked dispatched, with their task ids) as chords of up to
+    """Send shards the scheduler claimed (marked dispatched, with their task ids) in waves of up to
     `wave` shards (see `portal.scheduling.capacity.wave_size`); with `copies`, their speculative copies
     (under `speculative_task_id`), each alone.
 
-    A chord's callback and its error callback are both `shard_done`, naming the chord's shards, which
-    reports their endings to the queue's inbox (`finished_inbox`), settled in batches; see
+    A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id)
+    that runs them one after another and stores each one's outcome under the shard's own task id; a lone
+    shard is a `run_shard` message under its task id. Either is a chord of that one message, whose
+    callback and error callback are both `shard_done`, naming the wave's shards, which reports their
+    endings to the queue's inbox (`finished_inbox`), settled in batches; see
     `portal.jobs.services.scheduler`.
     """
-    from tasks.run_shard import run_shard
+    from tasks.run_shard import run_shard, run_shards
     from tasks.shard_done import shard_done
 
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
     size = 1 if copies else max(1, wave)
     for start in range(0, len(shards), size):
-        headers = []
-        for shard in shards[start : start + size]:
-            soft, hard = shard_time_limits(job, shard)
-            spec = shard_spec(job, shard).to_dict()
-            headers.append(
-                run_shard.signature(
-                    (spec,),
-                    task_id=shard.speculative_task_id if copies else shard.task_id,
-                    queue=queue,
-                    priority=priority,
-                    soft_time_limit=soft,
-                    time_limit=hard,
-                    argsrepr=repr(shard_named(spec)),
-                    kwargsrepr="{}",
-                )
+        members = shards[start : start + size]
+        soft, hard = shard_time_limits(job, sum(shard.record_count for shard in members))
+        options = {"queue": queue, "priority": priority, "soft_time_limit": soft, "time_limit": hard}
+        specs = [shard_spec(job, shard).to_dict() for shard in members]
+        if len(members) == 1:
+            [spec] = specs
+            task_id = members[0].speculative_task_id if copies else members[0].task_id
+            header = run_shard.signature((spec,), task_id=task_id, argsrepr=repr(shard_named(spec)), **options)
+        else:
+            named = ({"job_id": str(job.id), "shard_indexes": [shard.index for shard in members]},)
+            header = run_shards.signature(
+                ([[shard.task_id, spec] for shard, spec in zip(members, specs, strict=True)],),
+                task_id=wave_task_id(members[0].task_id),
+                argsrepr=repr(named),
+                **options,
             )
-        done = (str(job.id), [shard.index for shard in shards[start : start + size]], queue)
+        header.set(kwargsrepr="{}")
+        done = (str(job.id), [shard.index for shard in members], queue)
         callback = shard_done.signature(done, immutable=True, queue=CONTROL_QUEUE, argsrepr=repr(done), kwargsrepr="{}")
         callback.on_error(callback.clone())
-        chord(group(headers), callback).apply_async()
+        chord(group([header]), callback).apply_async()
+
+
+def wave_task_id(first_task_id: str) -> str:
+    """The id of a wave's message, from its first shard's task id (new each sending, so this is too)."""
+    return f"wave-{first_task_id}"
 
 
 def shard_named(spec: dict[str, object]) -> tuple[dict[str, object]]:

@@ -25,7 +25,7 @@ from typing import cast
 import redis
 from django.db import InterfaceError, OperationalError
 
-from portal.jobs.services.scheduler import shards_finished
+from portal.jobs.services.scheduler import Ending, shards_finished
 from tasks.control import SharedWorkError
 from tasks.redis_client import redis_client
 
@@ -58,13 +58,15 @@ class BatchNotSettled(SharedWorkError):
 def shards_finished_report(*, job_id: str, shard_indexes: Sequence[int], queue: str = "") -> None:
     """The tasks of a job's shards ended (a chord's): settle them, with the other endings of their
     queue waiting to be settled."""
+    # A chord naming several shards sent them as one wave message (`dispatch.shards_send`).
+    in_wave = len(shard_indexes) > 1
     client = redis_client()
     try:
-        client.rpush(INBOX_KEY.format(queue=queue), *(f"{job_id}:{index}" for index in shard_indexes))
+        client.rpush(INBOX_KEY.format(queue=queue), *(_item(Ending(job_id, index, in_wave)) for index in shard_indexes))
     except redis.RedisError:
         # Without Redis there is nobody to batch with: settle these alone. Their errors are this
         # job's own, so the task fails the job once its retries are spent, as before the inbox.
-        shards_finished([(job_id, index) for index in shard_indexes])
+        shards_finished([Ending(job_id, index, in_wave) for index in shard_indexes])
         return
     drain(client, queue)
 
@@ -97,6 +99,10 @@ def drain(client: redis.Redis, queue: str) -> int:
             return settled
 
 
-def _parse(item: bytes) -> tuple[str, int]:
-    job_id, _, index = item.decode().rpartition(":")
-    return job_id, int(index)
+def _item(ending: Ending) -> str:
+    return f"{ending.job_id}:{ending.shard_index}:w" if ending.in_wave else f"{ending.job_id}:{ending.shard_index}"
+
+
+def _parse(item: bytes) -> Ending:
+    job_id, index, *wave = item.decode().split(":")
+    return Ending(job_id, int(index), bool(wave))

@@ -23,7 +23,8 @@ import hashlib
 import logging
 import os
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -268,7 +269,16 @@ def shard_finished(*, job_id: str, shard_index: int) -> None:
     shards_finished([(job_id, shard_index)])
 
 
-def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
+class Ending(NamedTuple):
+    """A shard whose task returned or failed, as its chord's callback reports it."""
+
+    job_id: str
+    shard_index: int
+    in_wave: bool = False
+    """Its message was a wave's (`run_shards`), which has ended: see `settle.shard_settle`'s `wave_ended`."""
+
+
+def shards_finished(endings: Iterable[Ending | tuple[str, int]]) -> None:
     """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them):
     each shard's row is written on its own, but the usage ledger and the throughput fit once, each
     queue is scheduled once and each job is looked at for its merge once, however many shards ended.
@@ -276,9 +286,9 @@ def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
     A job whose shard output contradicts its row fails; a database error goes up (the caller gives
     the endings back and the task retries); any other error leaves that job's shards to the
     reconciler's sweep and the other jobs are settled now."""
-    by_job: defaultdict[str, set[int]] = defaultdict(set)
-    for job_id, index in endings:
-        by_job[str(job_id)].add(int(index))
+    by_job: defaultdict[str, dict[int, bool]] = defaultdict(dict)
+    for job_id, index, in_wave in (Ending(*ending) for ending in endings):
+        by_job[str(job_id)][int(index)] = in_wave
     rows = Job.objects.select_related("model__gpu_class", "tenant").filter(pk__in=list(by_job))
     jobs = {str(job.pk): job for job in rows}
     ledger = SettleLedger()
@@ -312,9 +322,10 @@ def shards_finished(endings: Sequence[tuple[str, int]]) -> None:
     webhook_jobs_progress(jobs=running)
 
 
-def _settle_shards(job: Job, indexes: set[int], ledger: SettleLedger) -> None:
-    for shard in Shard.objects.filter(job=job, index__in=indexes, status__in=UNSETTLED).order_by("index"):
-        settled = shard_settle(job, shard, ledger)
+def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:
+    """Settle the job's shards of these indexes (-> whether they ended in a wave)."""
+    for shard in Shard.objects.filter(job=job, index__in=list(indexes), status__in=UNSETTLED).order_by("index"):
+        settled = shard_settle(job, shard, ledger, wave_ended=indexes[shard.index])
         if settled is Settled.RETRY:
             shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
         elif settled is Settled.HELD:

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
-from celery.result import AsyncResult
 
 from portal.catalog.throughput import throughput_observe_many
 from portal.jobs.models import Job, Shard, ShardStatus
 from portal.scheduling.costs import shard_cost_estimate, shard_cost_measured
 from portal.scheduling.usage import usage_charge
 from tasks.app import app
-from tasks.specs import ShardManifest, read_commit
+from tasks.specs import ShardManifest, attempt_started, read_commit
 from tasks.stops import PAUSED
 
 # Failures a new attempt may not repeat: the task was killed or its process died.
@@ -36,7 +35,8 @@ class Settled(enum.Enum):
     RETRY = "retry"
     """The task was killed or its worker lost: the shard may be sent again."""
     HELD = "held"
-    """The task found its job paused and returned unrun: the shard waits to be sent again, at no cost."""
+    """The task found its job paused and returned unrun, or its wave ended before it ran: the shard
+    waits to be sent again, at no cost."""
     FAILED = "failed"
 
 
@@ -69,26 +69,18 @@ class SettleLedger:
         self.observations.clear()
 
 
-def task_failure(shard: Shard) -> TaskFailure | None:
-    """How a shard's current task failed, or None if it has not failed (it may still be running)."""
+def _task_outcome(shard: Shard) -> tuple[str, Any]:
+    """The state and result the shard's current task stored, read once; PENDING if none yet."""
     if not shard.task_id:
-        return None
-    result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
-    if result.state != states.FAILURE:
-        return None
-    exc = result.result
-    name = type(exc).__name__ if isinstance(exc, BaseException) else "Error"
-    reason = f"{name}: {exc}" if isinstance(exc, BaseException) else str(exc)
+        return states.PENDING, None
+    meta = app.backend.get_task_meta(shard.task_id)
+    return meta["status"], meta["result"]
+
+
+def _failure(value: object) -> TaskFailure:
+    name = type(value).__name__ if isinstance(value, BaseException) else "Error"
+    reason = f"{name}: {value}" if isinstance(value, BaseException) else str(value)
     return TaskFailure(reason=reason, transient=name in TRANSIENT_FAILURES)
-
-
-def task_held(shard: Shard) -> bool:
-    """Whether the shard's current task returned unrun because its job was paused."""
-    if not shard.task_id:
-        return False
-    result: AsyncResult[Any] = AsyncResult(shard.task_id, app=app)
-    value = result.result if result.state == states.SUCCESS else None
-    return isinstance(value, dict) and value.get("skipped") == PAUSED
 
 
 def read_manifest(shard: Shard) -> ShardManifest | None:
@@ -134,11 +126,14 @@ def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed
     )
 
 
-def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None) -> Settled:
+def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None, *, wave_ended: bool = False) -> Settled:
     """Look at an unsettled shard's commit and task; record what ended, say what is to be done.
 
     A committed shard's usage correction and throughput go into `ledger` (the caller flushes it);
-    without one, they are written at once."""
+    without one, they are written at once. With `wave_ended`, the wave message that carried the shard
+    (`run_shards`) has ended, so a shard with no outcome of its own never ran to its end: the wave's
+    time limit or a lost worker ended it there (RETRY), or it waited behind the shard that did (HELD:
+    that sending does not count)."""
     manifest = read_manifest(shard)
     if manifest is not None:
         if shard_record_success(shard, manifest):
@@ -152,10 +147,15 @@ def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None) -> 
             if ledger is None:
                 into.flush()
         return Settled.COMMITTED
-    failure = task_failure(shard)
-    if failure is None:
-        return Settled.HELD if task_held(shard) else Settled.RUNNING
-    if failure.transient:
-        return Settled.RETRY
-    shard_record_failure(shard, reason=failure.reason)
-    return Settled.FAILED
+    state, value = _task_outcome(shard)
+    if state == states.FAILURE:
+        failure = _failure(value)
+        if failure.transient:
+            return Settled.RETRY
+        shard_record_failure(shard, reason=failure.reason)
+        return Settled.FAILED
+    if state == states.SUCCESS and isinstance(value, dict) and value.get("skipped") == PAUSED:
+        return Settled.HELD
+    if state == states.PENDING and wave_ended:
+        return Settled.RETRY if attempt_started(shard.prefix_uri) else Settled.HELD
+    return Settled.RUNNING

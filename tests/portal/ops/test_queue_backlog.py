@@ -89,3 +89,20 @@ def test_the_reconcilers_view_finds_every_priority_without_walking_the_keyspace(
     view = pending_task_ids([queue])
 
     assert view is not None and set(ids) <= view.queued
+
+
+def test_a_waves_message_stands_for_each_of_its_shards_queued_and_delivered(queue: str) -> None:
+    shards = [["shard-a", {"shard_index": 0}], ["shard-b", {"shard_index": 1}]]
+    app.send_task("batchery.run_shards", args=(shards,), queue=queue, task_id="wave-shard-a", priority=4)
+
+    view = pending_task_ids([queue])
+    assert view is not None and {"wave-shard-a", "shard-a", "shard-b"} <= view.queued
+
+    with Connection(broker_url(), transport_options=app.conf.broker_transport_options) as connection:
+        channel = connection.channel()
+        delivered = channel.basic_get(queue, no_ack=False)
+        assert delivered is not None
+        view = pending_task_ids([queue])
+        assert view is not None and {"wave-shard-a", "shard-a", "shard-b"} <= view.unacked
+        assert not {"shard-a", "shard-b"} & view.queued
+        channel.basic_reject(delivered.delivery_tag, requeue=True)
