@@ -13,8 +13,10 @@ from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.services.scheduler import merge_when_settled, schedule_queue
+from portal.jobs.services.settle import shards_record_success
 from portal.jobs.services.transitions import job_transition
 from tasks.config import gpu_queue
+from tasks.specs import ShardManifest
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,3 +161,83 @@ def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_en
     assert job.status == JobStatus.SUCCEEDED
     endpoint_reads = [sql for sql in statements if 'FROM "webhooks_webhookendpoint"' in sql]
     assert len(endpoint_reads) == 1, "the ending's event alone: a job that merged sends no progress event"
+
+
+def _manifest(shard: Shard, index: int) -> ShardManifest:
+    return ShardManifest(
+        job_id=str(shard.job_id),
+        shard_index=shard.index,
+        attempt_id=f"attempt-{index}",
+        worker=f"host-{index}",
+        pid=100 + index,
+        output_uri=f"{shard.prefix_uri}/out-{index}.jsonl",
+        errors_uri=f"{shard.prefix_uri}/errors-{index}.jsonl" if index % 2 else "",
+        records=1,
+        succeeded=index % 2 == 0,
+        failed=index % 2,
+        started_at=1_700_000_000.0 + index,
+        finished_at=1_700_000_000.5 + index,
+        compute_seconds=0.25 * (index + 1),
+        load_seconds=0.125 * index,
+        cache_hit=index != 2,
+        model_loads=1,
+        prompt_tokens=10 * index,
+        completion_tokens=3 * index,
+        error_codes={"input_too_long": 1} if index % 2 else {},
+    )
+
+
+def test_a_batch_of_committed_shards_is_written_in_one_statement_each_row_with_its_own_attempt(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED] * 4)
+    shards = list(job.shards.order_by("index"))
+    committed = [(shard, _manifest(shard, shard.index)) for shard in shards]
+
+    settled, statements = _statements(lambda: shards_record_success(committed))
+
+    assert [shard.index for shard, _ in settled] == [0, 1, 2, 3]
+    assert len([sql for sql in statements if sql.startswith('UPDATE "jobs_shard"')]) == 1, statements
+    for shard, manifest in committed:
+        row = Shard.objects.get(pk=shard.pk)
+        assert (row.status, row.attempt_id, row.output_uri, row.errors_uri) == (
+            ShardStatus.SUCCEEDED,
+            manifest.attempt_id,
+            manifest.output_uri,
+            manifest.errors_uri,
+        )
+        assert (row.succeeded_records, row.failed_records, row.prompt_tokens, row.completion_tokens) == (
+            manifest.succeeded,
+            manifest.failed,
+            manifest.prompt_tokens,
+            manifest.completion_tokens,
+        )
+        assert (row.worker, row.worker_pid, row.cache_hit, row.error_codes) == (
+            manifest.worker,
+            manifest.pid,
+            manifest.cache_hit,
+            manifest.error_codes,
+        )
+        assert row.started_at is not None and row.started_at.timestamp() == manifest.started_at
+        assert row.finished_at is not None and row.finished_at.timestamp() == manifest.finished_at
+        assert (row.compute_seconds, row.load_seconds) == (manifest.compute_seconds, manifest.load_seconds)
+
+
+def test_a_committed_attempt_already_recorded_is_not_settled_twice_and_another_attempt_is(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED] * 3)
+    shards = list(job.shards.order_by("index"))
+    shards_record_success([(shards[0], _manifest(shards[0], 0)), (shards[1], _manifest(shards[1], 1))])
+
+    # As read before the first settling (a callback and the reconciler's sweep): shard 0 again with the
+    # attempt its row records, shard 1 with another attempt (the row keeps what it holds), shard 2 new.
+    again = [
+        (shards[0], _manifest(shards[0], 0)),
+        (shards[1], _manifest(shards[1], 7)),
+        (shards[2], _manifest(shards[2], 2)),
+    ]
+    settled = shards_record_success(again)
+
+    assert [shard.index for shard, _ in settled] == [1, 2]
+    assert Shard.objects.get(pk=shards[0].pk).attempt_id == "attempt-0"

@@ -43,7 +43,7 @@ from portal.jobs.services.dispatch import (
     task_id_column,
 )
 from portal.jobs.services.merge import job_merge, job_merge_advance
-from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shard_settle
+from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shards_settle
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.jobs import shards_redispatched_record
 from portal.scheduling.capacity import queue_slots, queue_window, wave_size
@@ -324,8 +324,9 @@ def shards_finished(endings: Iterable[Ending | tuple[str, int]]) -> None:
 
 def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:
     """Settle the job's shards of these indexes (-> whether they ended in a wave)."""
-    for shard in Shard.objects.filter(job=job, index__in=list(indexes), status__in=UNSETTLED).order_by("index"):
-        settled = shard_settle(job, shard, ledger, wave_ended=indexes[shard.index])
+    unsettled = Shard.objects.filter(job=job, index__in=list(indexes), status__in=UNSETTLED).order_by("index")
+    in_wave = {index for index, ended_in_wave in indexes.items() if ended_in_wave}
+    for shard, settled in shards_settle(job, list(unsettled), ledger, ended_in_wave=in_wave):
         if settled is Settled.RETRY:
             shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
         elif settled is Settled.HELD:

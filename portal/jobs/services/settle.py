@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 from collections import defaultdict
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
+from django.db import connection
 
 from portal.catalog.throughput import throughput_observe_many
 from portal.jobs.models import Job, Shard, ShardStatus
@@ -91,6 +94,28 @@ def read_manifest(shard: Shard) -> ShardManifest | None:
     return manifest
 
 
+def _success_values(manifest: ShardManifest) -> dict[str, Any]:
+    """What a committed attempt writes on its shard's row."""
+    return {
+        "status": ShardStatus.SUCCEEDED,
+        "attempt_id": manifest.attempt_id,
+        "output_uri": manifest.output_uri,
+        "errors_uri": manifest.errors_uri,
+        "succeeded_records": manifest.succeeded,
+        "failed_records": manifest.failed,
+        "prompt_tokens": manifest.prompt_tokens,
+        "completion_tokens": manifest.completion_tokens,
+        "worker": manifest.worker,
+        "worker_pid": manifest.pid,
+        "cache_hit": manifest.cache_hit,
+        "started_at": dt.datetime.fromtimestamp(manifest.started_at, tz=dt.UTC),
+        "finished_at": dt.datetime.fromtimestamp(manifest.finished_at, tz=dt.UTC),
+        "compute_seconds": manifest.compute_seconds,
+        "load_seconds": manifest.load_seconds,
+        "error_codes": manifest.error_codes,
+    }
+
+
 def shard_record_success(shard: Shard, manifest: ShardManifest) -> bool:
     """Record the committed attempt on the shard's row; True if this call settled it."""
     if shard.status == ShardStatus.SUCCEEDED and shard.attempt_id == manifest.attempt_id:
@@ -98,25 +123,42 @@ def shard_record_success(shard: Shard, manifest: ShardManifest) -> bool:
     return bool(
         Shard.objects.filter(pk=shard.pk)
         .exclude(status=ShardStatus.SUCCEEDED, attempt_id=manifest.attempt_id)
-        .update(
-            status=ShardStatus.SUCCEEDED,
-            attempt_id=manifest.attempt_id,
-            output_uri=manifest.output_uri,
-            errors_uri=manifest.errors_uri,
-            succeeded_records=manifest.succeeded,
-            failed_records=manifest.failed,
-            prompt_tokens=manifest.prompt_tokens,
-            completion_tokens=manifest.completion_tokens,
-            worker=manifest.worker,
-            worker_pid=manifest.pid,
-            cache_hit=manifest.cache_hit,
-            started_at=dt.datetime.fromtimestamp(manifest.started_at, tz=dt.UTC),
-            finished_at=dt.datetime.fromtimestamp(manifest.finished_at, tz=dt.UTC),
-            compute_seconds=manifest.compute_seconds,
-            load_seconds=manifest.load_seconds,
-            error_codes=manifest.error_codes,
-        )
+        .update(**_success_values(manifest))
     )
+
+
+def shards_record_success(committed: Sequence[tuple[Shard, ShardManifest]]) -> list[tuple[Shard, ShardManifest]]:
+    """`shard_record_success` of many shards; return those this call settled.
+
+    On PostgreSQL one UPDATE writes them all and says which rows it changed: one ORM UPDATE a shard
+    spent more of the control worker's time compiling its SQL than settling anything else."""
+    if connection.vendor != "postgresql" or len(committed) < 2:
+        return [(shard, manifest) for shard, manifest in committed if shard_record_success(shard, manifest)]
+    quote = connection.ops.quote_name
+    fields = {field.name: field for field in Shard._meta.concrete_fields}
+    column = {name: quote(str(field.column)) for name, field in fields.items()}
+    written = list(_success_values(committed[0][1]))
+    # Each value cast to its column's type: the VALUES list's literals are untyped.
+    value = {name: f"CAST(v.{column[name]} AS {fields[name].db_type(connection)})" for name in ("id", *written)}
+    row = "(" + ", ".join(["%s"] * len(value)) + ")"
+    sql = (
+        f"UPDATE {quote(Shard._meta.db_table)} AS s"
+        f" SET {', '.join(f'{column[name]} = {value[name]}' for name in written)}"
+        f" FROM (VALUES {', '.join([row] * len(committed))}) AS v({', '.join(column[name] for name in value)})"
+        f" WHERE s.{column['id']} = {value['id']}"
+        f" AND (s.{column['status']} <> %s OR s.{column['attempt_id']} <> {value['attempt_id']})"
+        f" RETURNING s.{column['id']}"
+    )
+    params: list[Any] = []
+    for shard, manifest in committed:
+        values = _success_values(manifest)
+        values["error_codes"] = json.dumps(values["error_codes"])
+        params += [shard.pk, *values.values()]
+    params.append(ShardStatus.SUCCEEDED)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        settled = {row_id for (row_id,) in cursor.fetchall()}
+    return [(shard, manifest) for shard, manifest in committed if shard.pk in settled]
 
 
 def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed") -> None:
@@ -134,19 +176,38 @@ def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None, *, 
     (`run_shards`) has ended, so a shard with no outcome of its own never ran to its end: the wave's
     time limit or a lost worker ended it there (RETRY), or it waited behind the shard that did (HELD:
     that sending does not count)."""
-    manifest = read_manifest(shard)
-    if manifest is not None:
-        if shard_record_success(shard, manifest):
-            into = ledger or SettleLedger()
-            gpu_class_id = job.model.gpu_class_id
-            correction = shard_cost_measured(job, manifest) - shard_cost_estimate(job, shard)
-            into.charges[gpu_class_id][job.tenant_id] += correction
-            into.observations[(job.model_id, gpu_class_id)].append(
-                (manifest.records, shard.input_chars, manifest.compute_seconds)
-            )
-            if ledger is None:
-                into.flush()
-        return Settled.COMMITTED
+    [(_, settled)] = shards_settle(job, [shard], ledger, ended_in_wave={shard.index} if wave_ended else set())
+    return settled
+
+
+def shards_settle(
+    job: Job, shards: Sequence[Shard], ledger: SettleLedger | None = None, *, ended_in_wave: Set[int] = frozenset()
+) -> list[tuple[Shard, Settled]]:
+    """`shard_settle` of each of a job's shards (`wave_ended` for the indexes in `ended_in_wave`); the rows
+    of those committed are written together (`shards_record_success`)."""
+    into = ledger or SettleLedger()
+    outcomes: list[tuple[Shard, Settled]] = []
+    committed: list[tuple[Shard, ShardManifest]] = []
+    for shard in shards:
+        manifest = read_manifest(shard)
+        if manifest is None:
+            outcomes.append((shard, _settle_uncommitted(shard, wave_ended=shard.index in ended_in_wave)))
+        else:
+            committed.append((shard, manifest))
+            outcomes.append((shard, Settled.COMMITTED))
+    gpu_class_id = job.model.gpu_class_id
+    for shard, manifest in shards_record_success(committed):
+        correction = shard_cost_measured(job, manifest) - shard_cost_estimate(job, shard)
+        into.charges[gpu_class_id][job.tenant_id] += correction
+        into.observations[(job.model_id, gpu_class_id)].append(
+            (manifest.records, shard.input_chars, manifest.compute_seconds)
+        )
+    if ledger is None:
+        into.flush()
+    return outcomes
+
+
+def _settle_uncommitted(shard: Shard, *, wave_ended: bool) -> Settled:
     state, value = _task_outcome(shard)
     if state == states.FAILURE:
         failure = _failure(value)
