@@ -50,13 +50,13 @@ def _task_ids(raw: bytes | str) -> list[str]:
 
 
 def _wave_shard_ids(payload: dict[str, Any]) -> list[str]:
-    """The shard task ids a wave's message carries in its arguments (`[[task id, spec], ...]`)."""
+    """The shard task ids a wave's message carries in its arguments (`[[task id, spec, limit], ...]`)."""
     try:
         body: Any = payload.get("body") or ""
         if (payload.get("properties") or {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         [shards], _, _ = json.loads(body)
-        return [str(task_id) for task_id, _ in shards]
+        return [str(task_id) for task_id, *_ in shards]
     except (ValueError, TypeError):
         logger.warning("a wave's message could not be read for its shards' ids")
         return []

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from celery import states
@@ -25,7 +30,7 @@ from tasks import heartbeat, preload, slot_metrics  # noqa: F401  (connect the s
 from tasks.app import app
 from tasks.config import WAVE_TASK
 from tasks.shard_execution import execute_shard
-from tasks.specs import ShardSpec
+from tasks.specs import ShardManifest, ShardSkipped, ShardSpec
 from tasks.storage import TransientStorageError
 
 logger = logging.getLogger(__name__)
@@ -52,38 +57,67 @@ _SHARD_TASK_OPTIONS: dict[str, Any] = {
 
 @app.task(name="batchery.run_shard", **_SHARD_TASK_OPTIONS)
 def run_shard(self: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    return _execute(ShardSpec.from_dict(spec), worker=self.request.hostname or socket.gethostname())
+    return _execute(ShardSpec.from_dict(spec), worker=self.request.hostname or socket.gethostname()).to_dict()
 
 
 @app.task(name=WAVE_TASK, **_SHARD_TASK_OPTIONS)
-def run_shards(self: Any, shards: list[tuple[str, dict[str, Any]]]) -> int:
-    """A wave of short shards in one message, `[task id, spec]` each (see `dispatch.shards_send`): each
-    runs as `run_shard` would run it alone, and its outcome (manifest, skip, or failure) is stored under
-    its own task id, where settling reads it. One message, one acknowledgement and one chord a wave,
-    where each one-record shard paid for its own: those were most of such a shard's cost.
+def run_shards(self: Any, shards: list[tuple[str, dict[str, Any], float]]) -> int:
+    """A wave of short shards in one message, `[task id, spec, soft time limit]` each (see
+    `dispatch.shards_send`): each runs as `run_shard` would run it alone, under its own soft time limit.
+    What settling reads of a shard that did not commit (its skip, or its failure) is stored under its
+    own task id; a committed shard's outcome is its commit marker, which settling reads first, so
+    nothing more is stored for it. One message, one acknowledgement and one chord a wave, where each
+    one-record shard paid for its own: those were most of such a shard's cost.
 
     A shard that fails fails alone; the next one runs. A worker lost or a time limit puts the whole
     message back (or ends it): its committed shards answer from their commit marker when it runs again,
-    and its callback finds the shards that have no outcome (`settle.shard_settle`, `task_ended`)."""
+    and its callback finds the shards that have no outcome (`settle.shard_settle`, `wave_ended`)."""
     worker = self.request.hostname or socket.gethostname()
-    for task_id, spec in shards:
+    for task_id, spec, soft_time_limit in shards:
         shard = ShardSpec.from_dict(spec)
         bind_log_context(job_id=shard.job_id, shard=shard.shard_index)
         try:
-            outcome = _execute(shard, worker=worker)
+            with shard_soft_time_limit(soft_time_limit):
+                outcome = _execute(shard, worker=worker)
         except RETRIED_ERRORS:
             raise
         except Exception as exc:
             logger.exception("shard %s/%d failed", shard.job_id, shard.shard_index)
             self.backend.store_result(task_id, exc, states.FAILURE, traceback=traceback.format_exc())
             continue
-        self.backend.store_result(task_id, outcome, states.SUCCESS)
+        if isinstance(outcome, ShardSkipped):
+            self.backend.store_result(task_id, outcome.to_dict(), states.SUCCESS)
     return len(shards)
 
 
-def _execute(shard: ShardSpec, *, worker: str) -> dict[str, Any]:
+@contextmanager
+def shard_soft_time_limit(seconds: float) -> Iterator[None]:
+    """Raise `SoftTimeLimitExceeded` in this thread after `seconds`, as Celery's soft time limit does for
+    a whole message: each shard of a wave keeps the limit it has alone (a model's load included), so
+    that a hanging shard is caught as soon as alone, not after its whole wave's time.
+
+    A timer signal reaches the main thread only (a pool process runs its tasks there), and the process
+    has one such timer: in another thread, or where someone else's timer is armed, the message's own
+    limits stand alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
+        yield
+        return
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise SoftTimeLimitExceeded(f"the shard passed its soft time limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return execute_shard(shard, worker=worker).to_dict()
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _execute(shard: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipped:
+    try:
+        return execute_shard(shard, worker=worker)
     except StickyDeviceError:
         # The CUDA context is unusable for every later shard in this process: leave, and let the
         # pool start a fresh process; the message goes back to the queue as for a lost worker.

@@ -116,7 +116,7 @@ def _sent_chords(queue: str, task_ids: dict[int, str] | None = None) -> dict[tup
             message.ack()
             [argument], _, embed = message.decode()
             if message.headers["task"] == "batchery.run_shards":
-                carried = {spec["shard_index"]: task_id for task_id, spec in argument}
+                carried = {spec["shard_index"]: task_id for task_id, spec, _ in argument}
                 assert message.headers["id"] == wave_task_id(carried[min(carried)])
             else:
                 carried = {argument["shard_index"]: message.headers["id"]}

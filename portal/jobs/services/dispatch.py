@@ -39,15 +39,13 @@ def shard_spec(job: Job, shard: Shard) -> ShardSpec:
     )
 
 
-def shard_time_limits(job: Job, records: int) -> tuple[float, float]:
-    """(soft, hard) seconds for a message of `records` records (a shard, or a wave of them): a base plus
-    a cost per record, from the model's defaults, capped so that the broker's visibility timeout always
-    outlasts the hard limit. A wave is limited as one shard of all its records: its base (a model's load)
-    is paid once."""
+def shard_time_limits(job: Job, shard: Shard) -> tuple[float, float]:
+    """(soft, hard) seconds: a base plus a cost per record, from the model's defaults, capped so
+    that the broker's visibility timeout always outlasts the hard limit."""
     params = {**job.model.default_params, **job.params}
     base = float(params.get("time_limit_base_s", DEFAULT_TIME_LIMIT_BASE_S))
     per_record = float(params.get("time_limit_per_record_s", DEFAULT_TIME_LIMIT_PER_RECORD_S))
-    hard = min(base + per_record * records, float(SHARD_HARD_TIME_LIMIT_S))
+    hard = min(base + per_record * shard.record_count, float(SHARD_HARD_TIME_LIMIT_S))
     return hard * 0.9, hard
 
 
@@ -71,22 +69,23 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     size = 1 if copies else max(1, wave)
     for start in range(0, len(shards), size):
         members = shards[start : start + size]
-        soft, hard = shard_time_limits(job, sum(shard.record_count for shard in members))
-        options = {"queue": queue, "priority": priority, "soft_time_limit": soft, "time_limit": hard}
+        limits = [shard_time_limits(job, shard) for shard in members]
         specs = [shard_spec(job, shard).to_dict() for shard in members]
         if len(members) == 1:
-            [spec] = specs
+            [spec], [(soft, hard)] = specs, limits
             task_id = members[0].speculative_task_id if copies else members[0].task_id
-            header = run_shard.signature((spec,), task_id=task_id, argsrepr=repr(shard_named(spec)), **options)
+            header = run_shard.signature((spec,), task_id=task_id, argsrepr=repr(shard_named(spec)))
         else:
+            # Each shard keeps its own soft limit inside the wave; the wave's are the sum, a backstop.
+            hard = min(sum(shard_hard for _, shard_hard in limits), float(SHARD_HARD_TIME_LIMIT_S))
+            soft = hard * 0.9
             named = ({"job_id": str(job.id), "shard_indexes": [shard.index for shard in members]},)
             header = run_shards.signature(
-                ([[shard.task_id, spec] for shard, spec in zip(members, specs, strict=True)],),
+                ([[shard.task_id, spec, limit[0]] for shard, spec, limit in zip(members, specs, limits, strict=True)],),
                 task_id=wave_task_id(members[0].task_id),
                 argsrepr=repr(named),
-                **options,
             )
-        header.set(kwargsrepr="{}")
+        header.set(queue=queue, priority=priority, soft_time_limit=soft, time_limit=hard, kwargsrepr="{}")
         done = (str(job.id), [shard.index for shard in members], queue)
         callback = shard_done.signature(done, immutable=True, queue=CONTROL_QUEUE, argsrepr=repr(done), kwargsrepr="{}")
         callback.on_error(callback.clone())
