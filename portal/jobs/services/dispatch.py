@@ -55,11 +55,11 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     (under `speculative_task_id`), each alone.
 
     A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id)
-    that runs them one after another and stores each one's outcome under the shard's own task id; a lone
-    shard is a `run_shard` message under its task id. Either is a chord of that one message, whose
-    callback and error callback are both `shard_done`, naming the wave's shards, which reports their
-    endings to the queue's inbox (`finished_inbox`), settled in batches; see
-    `portal.jobs.services.scheduler`.
+    that runs them one after another, each under its own soft time limit, and stores what settling reads
+    of each under the shard's own task id; a lone shard is a `run_shard` message under its task id.
+    Either is a chord of that one message, whose callback and error callback are both `shard_done`,
+    naming the wave's shards, which reports their endings to the queue's inbox (`finished_inbox`),
+    settled in batches; see `portal.jobs.services.scheduler`.
     """
     from tasks.run_shard import run_shard, run_shards
     from tasks.shard_done import shard_done

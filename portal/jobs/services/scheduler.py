@@ -279,9 +279,9 @@ class Ending(NamedTuple):
 
 
 def shards_finished(endings: Iterable[Ending | tuple[str, int]]) -> None:
-    """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them):
-    each shard's row is written on its own, but the usage ledger and the throughput fit once, each
-    queue is scheduled once and each job is looked at for its merge once, however many shards ended.
+    """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them): a job's
+    committed shards' rows are written in one statement, the usage ledger and the throughput fit once,
+    each queue is scheduled once and each job is looked at for its merge once, however many shards ended.
 
     A job whose shard output contradicts its row fails; a database error goes up (the caller gives
     the endings back and the task retries); any other error leaves that job's shards to the
