@@ -77,8 +77,7 @@ def run_shards(self: Any, shards: list[tuple[str, dict[str, Any], float]]) -> in
         shard = ShardSpec.from_dict(spec)
         bind_log_context(job_id=shard.job_id, shard=shard.shard_index)
         try:
-            with shard_soft_time_limit(soft_time_limit):
-                outcome = _execute(shard, worker=worker)
+            outcome = _execute(shard, worker=worker, soft_time_limit=soft_time_limit)
         except RETRIED_ERRORS:
             raise
         except Exception as exc:
@@ -115,9 +114,14 @@ def shard_soft_time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _execute(shard: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipped:
+def _execute(shard: ShardSpec, *, worker: str, soft_time_limit: float | None = None) -> ShardManifest | ShardSkipped:
+    """Run the shard (under its own soft time limit, if given: the timer's whole span is in here, so that
+    wherever the limit strikes it ends the process as Celery's own limit does)."""
     try:
-        return execute_shard(shard, worker=worker)
+        if soft_time_limit is None:
+            return execute_shard(shard, worker=worker)
+        with shard_soft_time_limit(soft_time_limit):
+            return execute_shard(shard, worker=worker)
     except StickyDeviceError:
         # The CUDA context is unusable for every later shard in this process: leave, and let the
         # pool start a fresh process; the message goes back to the queue as for a lost worker.
