@@ -96,3 +96,22 @@ def wait_until_consuming(workers: list[WorkerProcess], *, timeout_s: float = 120
             return
     logs = "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in workers)
     raise TimeoutError(f"workers did not answer within {timeout_s}s:\n{logs}")
+
+
+def wait_until_idle(workers: list[WorkerProcess], *, timeout_s: float = 60.0) -> None:
+    """Block until no worker runs or holds a task, twice in a row half a second apart: a test that leaves
+    work behind (a cancelled job's callbacks, its cancellation) would otherwise have the session's workers
+    write to the database while the next teardown truncates it (a deadlock)."""
+    from tasks.app import app
+
+    inspect = app.control.inspect(destination=[worker.hostname for worker in workers], timeout=1.0)
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while time.monotonic() < deadline and quiet < 2:
+        busy = [inspect.active() or {}, inspect.reserved() or {}]
+        answered = all(len(replies) == len(workers) for replies in busy)
+        quiet = quiet + 1 if answered and not any(tasks for replies in busy for tasks in replies.values()) else 0
+        time.sleep(0.5)
+    if quiet < 2:
+        logs = "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in workers)
+        raise TimeoutError(f"workers still busy after {timeout_s}s:\n{logs}")

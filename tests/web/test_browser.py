@@ -24,6 +24,7 @@ from tasks.redis_client import redis_client
 from tasks.storage import join_uri, store_for
 from tests.factories import ModelFactory, TenantFactory
 from tests.support.jobs import read_lines, wait_for_job
+from tests.support.workers import wait_until_idle
 from tests.web.conftest import make_job, sign_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -285,4 +286,7 @@ def test_screenshots_of_the_portal(
             redis_client().delete(*heartbeats)
         with contextlib.suppress(CannotStop):  # free the worker for the next tests
             job_cancel(job=Job.objects.get(pk=running.pk))
+        # Its cancellation and its shards' last callbacks done before the teardown truncates the tables.
+        wait_for_job(running, workers=pipeline_workers)
+        wait_until_idle(list(pipeline_workers.values()))
     assert all(shot.stat().st_size > 10_000 for shot in shots)
