@@ -14,6 +14,8 @@ from tasks.env import ImproperlyConfiguredEnv, env_bool, env_int, env_list, env_
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONTROL_QUEUE = "control"
+SHARD_TASK = "batchery.run_shard"
+"""The task that runs one shard (`tasks.run_shard.run_shard`)."""
 WAVE_TASK = "batchery.run_shards"
 """The task that runs a wave of short shards in one message (`tasks.run_shard.run_shards`)."""
 GPU_QUEUE_PREFIX = "gpu."

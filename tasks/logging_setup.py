@@ -25,9 +25,8 @@ from celery.apps import worker as celery_worker
 from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
 
 from gpuworkers.logs import bind_log_context, clear_log_context, configure_logging, json_line, log_format
-from tasks.config import WAVE_TASK
+from tasks.config import SHARD_TASK, WAVE_TASK
 
-RUN_SHARD = "batchery.run_shard"
 # Control tasks whose first argument names what they work on.
 ID_ARGUMENT = {
     "batchery.plan_job": "job_id",
@@ -38,7 +37,7 @@ ID_ARGUMENT = {
 
 def task_log_fields(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, object]:
     """The log context of one run of task `name`: its job (and shard), read from its arguments."""
-    if name == RUN_SHARD:
+    if name == SHARD_TASK:
         spec = args[0] if args else kwargs.get("spec")
         if isinstance(spec, Mapping):
             return {"job_id": spec.get("job_id"), "shard": spec.get("shard_index")}
@@ -73,7 +72,7 @@ _SHARD_FIELDS = {"job_id": re.compile(r"'job_id': '([^']*)'"), "shard": re.compi
 def received_log_fields(name: str, argsrepr: str, kwargsrepr: str) -> dict[str, object]:
     """The log context of task `name` read from the printed form of its arguments."""
     fields: dict[str, object] = {}
-    if name in (RUN_SHARD, WAVE_TASK):  # a wave prints its job and its shards' indexes: the job is read
+    if name in (SHARD_TASK, WAVE_TASK):  # a wave prints its job and its shards' indexes: the job is read
         for field, pattern in _SHARD_FIELDS.items():
             match = pattern.search(argsrepr) or pattern.search(kwargsrepr)
             if match:

@@ -28,7 +28,7 @@ from gpuworkers.logs import bind_log_context
 from gpuworkers.weights import WeightsUnavailableError
 from tasks import heartbeat, preload, slot_metrics  # noqa: F401  (connect the slot's heartbeat, preloading and clock to its start)
 from tasks.app import app
-from tasks.config import WAVE_TASK
+from tasks.config import SHARD_TASK, WAVE_TASK
 from tasks.shard_execution import execute_shard
 from tasks.specs import ShardManifest, ShardSkipped, ShardSpec
 from tasks.storage import TransientStorageError
@@ -55,7 +55,7 @@ _SHARD_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-@app.task(name="batchery.run_shard", **_SHARD_TASK_OPTIONS)
+@app.task(name=SHARD_TASK, **_SHARD_TASK_OPTIONS)
 def run_shard(self: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return _execute(ShardSpec.from_dict(spec), worker=self.request.hostname or socket.gethostname()).to_dict()
 
