@@ -7,9 +7,10 @@ records than one of short ones and shards take about equally long (where a shard
 `shard_cut.py`'s). Either way each shard records its input characters and estimate, for the
 scheduler to charge and to learn from.
 
-Planning streams: each shard's row is created (pending) as soon as its input is written, and the
-scheduler is asked to send shards while the planner reads on, so a large input's first shard runs
-moments after submission, not after the whole input was read. The job stays `planning` meanwhile:
+Planning streams: each shard's row is created (pending) as soon as its input is written (the rows
+of a quick burst of small shards together, see ROWS_WAIT_S), and the scheduler is asked to send
+shards while the planner reads on, so a large input's first shard runs moments after submission,
+not after the whole input was read. The job stays `planning` meanwhile:
 schedulable, never merged (`merge_when_settled` wants `running`), until the input has been read to
 its end and its record and shard counts are known.
 
@@ -69,7 +70,13 @@ HEARTBEAT_EVERY_S = LEASE_TTL_S / 3
 """How often a live planner touches its job's `updated_at`: as often as it renews its plan lease, so
 that the job looks stale to the reconciler only when the lease too would have lapsed."""
 HEARTBEAT_RECORDS = 4096
-"""Records read between two looks at the clock for the heartbeat."""
+"""Records read between two looks at the clock for the heartbeat (and for shard rows waiting)."""
+ROWS_WAIT_S = 0.05
+"""A shard row written within this long of the last insert waits, to be inserted with the rows that
+follow it: a burst of small shards is one statement and one commit about every ROWS_WAIT_S instead of one
+each (a thousand one-record shards spent a fifth of the control worker's time inserting their rows one
+by one). No row waits past the scheduler's next tick from the planner, nor much past ROWS_WAIT_S."""
+ROWS_PER_INSERT = 500
 
 
 @dataclass(frozen=True)
@@ -252,8 +259,9 @@ def records_room(job: Job) -> RecordsRoom | None:
 
 
 class StreamingDispatch:
-    """Creates each shard's row as soon as its input is written and, while the input is still being
+    """Creates each shard's row soon after its input is written and, while the input is still being
     read, has the scheduler send shards: at the first shard, then at most every SCHEDULE_EVERY_S.
+    Rows of shards written in a quick burst are inserted together (ROWS_WAIT_S), always before a tick.
     Also the planner's heartbeat: it keeps the job's `updated_at` fresh, so that the reconciler does
     not take a live planner for a dead one even when Redis (and the plan lease) was lost, and it
     notices a job that left `planning`."""
@@ -263,32 +271,49 @@ class StreamingDispatch:
         self._root = job_root(job)
         self._scheduled_at: float | None = None
         self._beat_at = time.monotonic()
+        self._inserted_at = -ROWS_WAIT_S
+        self._waiting: list[Shard] = []
         self.reading = True
         """False once the input has been read: planning's end schedules the last shards."""
 
     def shard_written(self, planned: PlannedShard) -> None:
-        # A row per shard, committed at once (autocommit) so the scheduler sees it; a conflict is a
-        # shard a concurrent planner (one that ran without Redis, so without its lease) created.
-        Shard.objects.bulk_create(
-            [
-                Shard(
-                    job_id=self._job_id,
-                    index=planned.index,
-                    first_record=planned.first_record,
-                    record_count=planned.record_count,
-                    input_chars=planned.input_chars,
-                    estimated_seconds=planned.estimated_seconds,
-                    input_uri=planned.input_uri,
-                    prefix_uri=shard_prefix(self._root, planned.index),
-                )
-            ],
-            ignore_conflicts=True,
+        self._waiting.append(
+            Shard(
+                job_id=self._job_id,
+                index=planned.index,
+                first_record=planned.first_record,
+                record_count=planned.record_count,
+                input_chars=planned.input_chars,
+                estimated_seconds=planned.estimated_seconds,
+                input_uri=planned.input_uri,
+                prefix_uri=shard_prefix(self._root, planned.index),
+            )
         )
         now = time.monotonic()
-        if self.reading and (self._scheduled_at is None or now - self._scheduled_at >= SCHEDULE_EVERY_S):
+        schedule = self.reading and (self._scheduled_at is None or now - self._scheduled_at >= SCHEDULE_EVERY_S)
+        if schedule or now - self._inserted_at >= ROWS_WAIT_S or len(self._waiting) >= ROWS_PER_INSERT:
+            self.insert_rows()
+        if schedule:
             self._scheduled_at = now
             job_id = self._job_id
             transaction.on_commit(lambda: schedule_job(job_id=job_id))
+        self.beat()
+
+    def insert_rows(self) -> None:
+        """Create the rows of the shards written so far, in one statement, committed at once (autocommit)
+        so the scheduler sees them. In index order, all or none: the rows created are always the first
+        ones, which a resumed planner relies on. A conflict is a shard a concurrent planner (one that
+        ran without Redis, so without its lease) created."""
+        if self._waiting:
+            Shard.objects.bulk_create(self._waiting, ignore_conflicts=True)
+            self._waiting = []
+        self._inserted_at = time.monotonic()
+
+    def records_read(self) -> None:
+        """Called every HEARTBEAT_RECORDS records: rows that waited past ROWS_WAIT_S while a large shard is
+        being written are inserted, and the heartbeat is beaten if it is time."""
+        if self._waiting and time.monotonic() - self._inserted_at >= ROWS_WAIT_S:
+            self.insert_rows()
         self.beat()
 
     def beat(self) -> None:
@@ -304,7 +329,7 @@ class StreamingDispatch:
 def _planned_so_far(job: Job) -> tuple[int, int]:
     """(shards, records) an earlier planner of this job already created: planning resumes after them.
 
-    Shards are created in index order, one at a time, so the first `shards` indices are taken."""
+    Shard rows are created in index order, each insert all or none, so the first `shards` indices are taken."""
     planned = job.shards.filter(round=0).aggregate(shards=Count("id"), records=Sum("record_count"))
     return planned["shards"], planned["records"] or 0
 
@@ -341,7 +366,12 @@ def _cut_shards(
             elif check.records > covered:
                 writer.add(record)
             if check.records % HEARTBEAT_RECORDS == 0:
-                dispatch.beat()
+                dispatch.records_read()
+    except Exception:
+        writer.abort()
+        # Planning refused or stopped: the shards written whole keep their rows, whenever they were written.
+        dispatch.insert_rows()
+        raise
     except BaseException:
         writer.abort()
         raise
@@ -350,6 +380,7 @@ def _cut_shards(
         writer.close()
     elif writing:
         writer.abort()
+    dispatch.insert_rows()
     return check
 
 

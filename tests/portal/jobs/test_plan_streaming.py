@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services import plan
@@ -38,6 +40,7 @@ def test_each_shard_row_is_created_while_the_job_is_still_planning(
     monkeypatch: pytest.MonkeyPatch,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
+    monkeypatch.setattr(plan, "ROWS_WAIT_S", 0.0)  # no burst waits: each row is inserted as it is written
     job = _planner_checked(acme, write_jsonl(_records(10)), settings, shard_size=2)
     seen: list[tuple[str, int]] = []
     written = plan.StreamingDispatch.shard_written
@@ -52,6 +55,80 @@ def test_each_shard_row_is_created_while_the_job_is_still_planning(
     assert seen == [(JobStatus.PLANNING, n) for n in range(1, 6)]
     job.refresh_from_db()
     assert (job.status, job.total_records, job.shard_count) == (JobStatus.RUNNING, 10, 5)
+
+
+def _shard_inserts(queries: CaptureQueriesContext) -> int:
+    insert = f'INSERT INTO "{Shard._meta.db_table}"'
+    return sum(1 for query in queries.captured_queries if query["sql"].startswith(insert))
+
+
+def test_the_rows_of_a_burst_of_shards_wait_to_be_inserted_together_and_never_past_the_planners_end(
+    acme: Tenant,
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    monkeypatch.setattr(plan, "ROWS_WAIT_S", 3600.0)  # every shard after the first comes "in a burst"
+    monkeypatch.setattr(plan, "SCHEDULE_EVERY_S", 3600.0)
+    job = _planner_checked(acme, write_jsonl(_records(10)), settings, shard_size=2)
+    seen: list[int] = []
+    written = plan.StreamingDispatch.shard_written
+
+    def spy(self: plan.StreamingDispatch, planned: plan.PlannedShard) -> None:
+        written(self, planned)
+        seen.append(Shard.objects.filter(job=job).count())
+
+    monkeypatch.setattr(plan.StreamingDispatch, "shard_written", spy)
+    with django_capture_on_commit_callbacks(), CaptureQueriesContext(connection) as queries:
+        job_plan(job_id=str(job.id))
+
+    # The first shard's row at once (the scheduler sends it while planning goes on); the other four in
+    # one statement when the input has been read.
+    assert seen == [1, 1, 1, 1, 1]
+    assert _shard_inserts(queries) == 2
+    job.refresh_from_db()
+    assert (job.status, job.shard_count) == (JobStatus.RUNNING, 5)
+    assert [(s.index, s.first_record, s.record_count) for s in job.shards.order_by("index")] == [
+        (n, 2 * n, 2) for n in range(5)
+    ]
+
+
+def test_waiting_rows_are_inserted_before_each_scheduler_tick_and_once_they_waited_past_their_time(
+    acme: Tenant,
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    monkeypatch.setattr(plan, "ROWS_WAIT_S", 3600.0)
+    job = _planner_checked(acme, write_jsonl(_records(10)), settings, shard_size=2)
+    dispatch = plan.StreamingDispatch(job)
+    ticks: list[int] = []
+    monkeypatch.setattr(plan, "schedule_job", lambda job_id: ticks.append(Shard.objects.filter(job=job).count()))
+
+    def shard(index: int) -> plan.PlannedShard:
+        return plan.PlannedShard(index=index, first_record=2 * index, record_count=2, input_uri=f"file:///in/{index}")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.shard_written(shard(0))
+        dispatch.shard_written(shard(1))
+    assert (ticks, Shard.objects.filter(job=job).count()) == ([1], 1)
+
+    monkeypatch.setattr(plan, "SCHEDULE_EVERY_S", 0.0)  # the next shard is the scheduler's time again
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.shard_written(shard(2))
+    assert ticks == [1, 3]
+
+    monkeypatch.setattr(plan, "SCHEDULE_EVERY_S", 3600.0)
+    dispatch.shard_written(shard(3))
+    dispatch.records_read()
+    assert Shard.objects.filter(job=job).count() == 3
+    monkeypatch.setattr(plan, "ROWS_WAIT_S", 0.0)  # a large shard being written: the row has waited long enough
+    dispatch.records_read()
+    assert Shard.objects.filter(job=job).count() == 4
 
 
 def test_a_bad_line_found_after_shards_were_written_refuses_the_input_naming_every_bad_line_and_publishes_nothing(
