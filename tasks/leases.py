@@ -7,6 +7,7 @@ dies (or is paused past the TTL) stops renewing, and its lease expires.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 import redis
+from redis.commands.core import Script
 
 from tasks.env import env_int
 from tasks.redis_client import redis_client
@@ -119,11 +121,23 @@ def _renewer_after_fork() -> None:
 os.register_at_fork(after_in_child=_renewer_after_fork)
 
 
+# The first of KEYS[2..] that holds a value, or else KEYS[1] written with ARGV[1] for ARGV[2] seconds.
+_TAKE_UNLESS_FLAGGED = """
+for index = 2, #KEYS do
+    local flag = redis.call('GET', KEYS[index])
+    if flag then return flag end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return false
+"""
+
+
 class Lease:
     """Hold `key` while the block runs; renewed every third of the TTL by the process's renewer thread.
 
     An exclusive lease is taken only if nobody holds it (SET NX) and raises `LeaseHeld` otherwise;
-    a plain one is simply written, for work that is fenced elsewhere (shard commits).
+    a plain one is simply written, for work that is fenced elsewhere (shard commits), or written
+    before the block by `take_unless_flagged`.
     """
 
     def __init__(self, key: str, holder: str, *, ttl_s: int = LEASE_TTL_S, exclusive: bool = False) -> None:
@@ -131,6 +145,23 @@ class Lease:
         self.holder = holder
         self.ttl_s = ttl_s
         self.exclusive = exclusive
+        self._written = False
+
+    def take_unless_flagged(self, flags: Sequence[str]) -> str | None:
+        """Write this plain lease unless one of the `flags` keys holds a value, in one round trip (a
+        one-record shard paid one for reading its job's stop flags and another for its lease): the first
+        flag's value, the lease not written, or None, the lease written and renewed from the block on.
+        Without Redis, None: the work goes on without a lease, as when the lease cannot be written."""
+        assert not self.exclusive, "an exclusive lease is taken by entering its block"
+        try:
+            flag = _take_unless_flagged_script()(keys=[self.key, *flags], args=[self.holder, self.ttl_s])
+        except redis.RedisError as exc:
+            logger.warning("could not read the flags %s or take lease %s: %s", ", ".join(flags), self.key, exc)
+            return None
+        if flag is not None:
+            return flag.decode() if isinstance(flag, bytes) else str(flag)
+        self._written = True
+        return None
 
     def put(self) -> None:
         try:
@@ -149,7 +180,7 @@ class Lease:
                 taken = True
             if not taken:
                 raise LeaseHeld(self.key, lease_holder(self.key))
-        else:
+        elif not self._written:
             self.put()
         _renewer.add(self)
         return self
@@ -158,7 +189,19 @@ class Lease:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         _renewer.remove(self)
+        self._written = False
         try:
             redis_client().delete(self.key)
         except redis.RedisError:
             return
+
+
+def _take_unless_flagged_script() -> Script:
+    """The script, registered with the client of the Redis named now; redis-py loads it again where
+    that Redis lost it (a restart)."""
+    return _script_for(redis_client())
+
+
+@functools.cache
+def _script_for(client: redis.Redis) -> Script:
+    return client.register_script(_TAKE_UNLESS_FLAGGED)

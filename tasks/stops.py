@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 PAUSED = "paused"
-"""What `arrival_hold` answers for a paused job."""
+"""The pause flag's value: why a shard arriving at a paused job does not start."""
 
 
 def _key(job_id: str) -> str:
@@ -76,13 +76,7 @@ def clear_pause(job_id: str) -> None:
         logger.warning("could not clear the pause flag of job %s: %s", job_id, exc)
 
 
-def arrival_hold(job_id: str) -> str | None:
-    """Why a shard arriving now must not run: its job's stop reason, else `PAUSED`, else None."""
-    try:
-        stop, pause = redis_client().mget([_key(job_id), _pause_key(job_id)])
-    except redis.RedisError:
-        return None
-    value = stop if stop is not None else pause
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+def arrival_flags(job_id: str) -> list[str]:
+    """The keys a shard arriving reads, in order: its job's stop flag (the reason), then its pause flag
+    (`PAUSED`); the first set is why it must not run (see `Lease.take_unless_flagged`)."""
+    return [_key(job_id), _pause_key(job_id)]

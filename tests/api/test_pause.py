@@ -13,8 +13,19 @@ from django.core.management import CommandError, call_command
 from portal.audit.models import AuditEntry
 from portal.jobs.models import Job, JobStatus
 from portal.tenancy.models import Membership
-from tasks.stops import PAUSED, arrival_hold
+from tasks.leases import Lease
+from tasks.redis_client import redis_client
+from tasks.stops import PAUSED, arrival_flags
 from tests.api.conftest import Caller
+
+
+def arrival_hold(job_id: str) -> str | None:
+    """What a shard of the job arriving now finds, as a shard reads it."""
+    lease = Lease(f"batchery:lease:test-pause:{job_id}", "test")
+    try:
+        return lease.take_unless_flagged(arrival_flags(job_id))
+    finally:
+        redis_client().delete(lease.key)
 
 
 def _running(tenant: Any, model: Any, root: Path) -> Job:

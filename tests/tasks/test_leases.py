@@ -6,6 +6,8 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from tasks.leases import Lease, lease_holder
 from tasks.redis_client import redis_client
 
@@ -58,3 +60,33 @@ def test_a_renewal_that_fails_leaves_the_other_leases_renewed() -> None:
         time.sleep(3.0)
         assert Broken.renewals >= 3, "the renewer went on after the failure"
         assert lease_holder(kept) == "kept"
+
+
+def test_a_lease_taken_unless_flagged_is_written_only_where_no_flag_is_set_the_first_flag_answering() -> None:
+    key, stop, pause = _key(), _key(), _key()
+    client = redis_client()
+    try:
+        client.set(pause, "paused")
+        lease = Lease(key, "holder-a", ttl_s=2)
+        assert lease.take_unless_flagged([stop, pause]) == "paused"
+        assert lease_holder(key) is None, "a flagged lease is not written"
+        client.set(stop, "cancelled")
+        assert lease.take_unless_flagged([stop, pause]) == "cancelled", "the first flag set answers"
+
+        client.delete(stop, pause)
+        client.script_flush()  # Redis lost the script (a restart): it is loaded again
+        assert lease.take_unless_flagged([stop, pause]) is None
+        assert lease_holder(key) == "holder-a"
+        with lease:
+            time.sleep(2.5)  # past the TTL: renewed from the block on
+            assert lease_holder(key) == "holder-a"
+        assert lease_holder(key) is None
+    finally:
+        client.delete(key, stop, pause)
+
+
+def test_a_lease_taken_unless_flagged_without_redis_answers_none_and_the_work_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATCHERY_PROGRESS_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    assert Lease(_key(), "holder-a").take_unless_flagged([_key()]) is None

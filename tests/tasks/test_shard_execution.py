@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,8 +12,9 @@ import orjson
 import pytest
 
 from gpuworkers.spec import ModelSpec
-from tasks.shard_execution import execute_shard
+from tasks.shard_execution import execute_shard, start_attempt
 from tasks.specs import ShardSpec, read_commit
+from tasks.storage.local import LocalStore
 
 MINILM = ModelSpec(
     name="all-MiniLM-L6-v2",
@@ -192,3 +195,20 @@ def test_live_progress_ends_at_the_shards_totals_without_writing_the_same_totals
     # One write a micro-batch (of 2, 2 and 1 records), the last with the totals, and none after it.
     assert [done for done, _ in written] == [2, 4, 5] and written[-1] == (5, 1)
     assert read_shard_progress("progress-five") == {0: Progress(done=5, failed=1)}
+
+
+def test_each_attempt_takes_the_next_numbered_marker_racing_attempts_each_their_own_and_none_lists(
+    spec: ShardSpec, tmp_path: Path
+) -> None:
+    class Unlisted(LocalStore):
+        def list_prefix(self, uri: str) -> Iterator[str]:
+            raise AssertionError("counting attempts lists nothing")
+
+    store = Unlisted()
+    assert [start_attempt(store, spec, f"a{n}", "w1") for n in range(3)] == [1, 2, 3]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        racing = list(pool.map(lambda n: start_attempt(store, spec, f"r{n}", f"w{n}"), range(8)))
+    assert sorted(racing) == list(range(4, 12)), "eight attempts racing each counted once"
+    markers = sorted((tmp_path / "shards" / "00000" / "started").iterdir())
+    assert [marker.name for marker in markers] == [f"{n:04d}" for n in range(1, 12)]
+    assert markers[0].read_text() == "w1:a0", "each marker names its worker and attempt"
