@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+from redis.client import Pipeline
 
 from tasks.config import RESULT_EXPIRES_S
 from tasks.redis_client import redis_client as _client
@@ -26,12 +27,17 @@ class Progress:
     failed: int
 
 
+def shard_progress_commands(pipe: Pipeline, job_id: str, shard_index: int, *, done: int, failed: int) -> None:
+    """Add the writing of a shard's figures to `pipe`, to be sent with other commands in one round trip."""
+    pipe.hset(_key(job_id), str(shard_index), f"{done},{failed}")
+    pipe.expire(_key(job_id), RESULT_EXPIRES_S)
+
+
 def publish_shard_progress(job_id: str, shard_index: int, *, done: int, failed: int) -> bool:
     """Best effort, True if written: progress is for people watching; a Redis hiccup must not fail the shard."""
     try:
         pipe = _client().pipeline(transaction=False)
-        pipe.hset(_key(job_id), str(shard_index), f"{done},{failed}")
-        pipe.expire(_key(job_id), RESULT_EXPIRES_S)
+        shard_progress_commands(pipe, job_id, shard_index, done=done, failed=failed)
         pipe.execute()
     except redis.RedisError:
         return False

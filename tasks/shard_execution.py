@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
+from functools import partial
 from types import TracebackType
 from typing import BinaryIO, NamedTuple
 
@@ -32,7 +33,7 @@ from gpuworkers.settings import device, micro_batch_size
 from tasks import slot_state
 from tasks.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
 from tasks.leases import Lease, shard_lease_key
-from tasks.progress import publish_shard_progress
+from tasks.progress import publish_shard_progress, shard_progress_commands
 from tasks.shard_bisect import run_checkpointed
 from tasks.shard_piece import ShardPiece
 from tasks.specs import ShardManifest, ShardSkipped, ShardSpec, read_commit, started_uri
@@ -44,8 +45,9 @@ logger = logging.getLogger(__name__)
 # Embeddings arrive as numpy arrays; orjson writes them without a detour through Python floats.
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 PROGRESS_INTERVAL_S = 0.1
-"""A running shard publishes its live progress at most this often (and once at its end): a person
-watching sees no difference, and a fast model's micro-batches do not each cost a Redis round trip."""
+"""A running shard publishes its live progress at most this often, first this long after it started,
+and once at its end (with its lease's release): a person watching sees no difference, and a fast
+model's micro-batches, or a short shard's one, do not each cost a Redis round trip."""
 
 
 def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: str) -> int:
@@ -113,7 +115,9 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipp
                 return ShardSkipped(job_id=spec.job_id, shard_index=spec.shard_index, skipped=PAUSED)
             attempt_no = start_attempt(store, spec, attempt_id, worker)
             with metrics.slot_clock.busy():
-                outcome = _run_attempt(spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no)
+                outcome = _run_attempt(
+                    spec, store=store, worker=worker, attempt_id=attempt_id, attempt_no=attempt_no, lease=lease
+                )
     except BaseException:
         attempts.labels(*labels, "error").inc()
         raise
@@ -130,7 +134,7 @@ def execute_shard(spec: ShardSpec, *, worker: str) -> ShardManifest | ShardSkipp
 
 
 def _run_attempt(
-    spec: ShardSpec, *, store: ObjectStore, worker: str, attempt_id: str, attempt_no: int
+    spec: ShardSpec, *, store: ObjectStore, worker: str, attempt_id: str, attempt_no: int, lease: Lease
 ) -> ShardManifest | ShardSkipped:
     started_at = time.time()
     labels = metrics.model_labels(spec.model.name)
@@ -146,9 +150,10 @@ def _run_attempt(
         # straggler, or the straggler itself) committed first, and this one's work can only be lost.
         return stop_reason(spec.job_id) is not None or store.exists(spec.commit_uri)
 
-    published_at = -PROGRESS_INTERVAL_S
+    # The first figures after PROGRESS_INTERVAL_S: a shorter shard writes only its totals, with its lease.
+    published_at = time.monotonic()
     published: tuple[int, int] | None = None
-    """The totals last written, so that the end does not write them again (a short shard's only publish)."""
+    """The totals last written, so that the end does not write them again."""
 
     def on_progress(done: int, failed: int) -> None:
         nonlocal published_at, published
@@ -211,7 +216,16 @@ def _run_attempt(
         store.delete_prefix(piece.uri)
         return _abandoned(spec)
     if published != (counts["records"], counts["failed"]):
-        publish_shard_progress(spec.job_id, spec.shard_index, done=counts["records"], failed=counts["failed"])
+        # Sent with the lease's release, in the same round trip, moments after the commit below.
+        lease.send_on_release(
+            partial(
+                shard_progress_commands,
+                job_id=spec.job_id,
+                shard_index=spec.shard_index,
+                done=counts["records"],
+                failed=counts["failed"],
+            )
+        )
 
     manifest = ShardManifest(
         job_id=spec.job_id,

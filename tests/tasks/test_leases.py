@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from redis.client import Pipeline
 
 from tasks.leases import Lease, lease_holder
 from tasks.redis_client import redis_client
@@ -90,3 +91,25 @@ def test_a_lease_taken_unless_flagged_without_redis_answers_none_and_the_work_go
 ) -> None:
     monkeypatch.setenv("BATCHERY_PROGRESS_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
     assert Lease(_key(), "holder-a").take_unless_flagged([_key()]) is None
+
+
+def test_commands_sent_on_release_go_with_the_leases_deletion_once() -> None:
+    key, figures = _key(), _key()
+    client = redis_client()
+    sent: list[str] = []
+
+    def write_figures(pipe: Pipeline) -> None:
+        sent.append("figures")
+        pipe.set(figures, "1,0")
+
+    try:
+        lease = Lease(key, "holder-a", ttl_s=30)
+        with lease:
+            lease.send_on_release(write_figures)
+            assert client.get(figures) is None, "not before the block ends"
+        assert (client.get(figures), lease_holder(key)) == (b"1,0", None)
+        with lease:
+            pass
+        assert sent == ["figures"], "sent with one release only"
+    finally:
+        client.delete(key, figures)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from redis.client import Pipeline
 
 from gpuworkers.spec import ModelSpec
+from tasks.leases import lease_holder, shard_lease_key
 from tasks.shard_execution import execute_shard, start_attempt
 from tasks.specs import ShardSpec, read_commit
 from tasks.storage.local import LocalStore
@@ -173,27 +175,35 @@ def test_live_progress_ends_at_the_shards_totals_without_writing_the_same_totals
     spec: ShardSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tasks import shard_execution
-    from tasks.progress import Progress, publish_shard_progress, read_shard_progress
+    from tasks.progress import Progress, publish_shard_progress, read_shard_progress, shard_progress_commands
 
-    written: list[tuple[int, int]] = []
+    written: list[tuple[str, int, int]] = []
 
     def publish(job_id: str, shard_index: int, *, done: int, failed: int) -> bool:
-        written.append((done, failed))
+        written.append(("alone", done, failed))
         return publish_shard_progress(job_id, shard_index, done=done, failed=failed)
 
+    def with_lease(pipe: Pipeline, job_id: str, shard_index: int, *, done: int, failed: int) -> None:
+        assert pipe.command_stack == [], "the figures go first, then the lease's deletion"
+        written.append(("with the lease", done, failed))
+        shard_progress_commands(pipe, job_id, shard_index, done=done, failed=failed)
+
     monkeypatch.setattr(shard_execution, "publish_shard_progress", publish)
+    monkeypatch.setattr(shard_execution, "shard_progress_commands", with_lease)
     one = tmp_path / "input" / "one.jsonl"
     one.write_text(json.dumps({"custom_id": "only", "input": "one sentence"}) + "\n")
     execute_shard(replace(spec, job_id="progress-one", record_count=1, input_uri=one.as_uri()), worker="w1")
-    # Its micro-batch's publish already holds its totals: a one-record shard writes them once.
-    assert written == [(1, 0)]
+    # Shorter than PROGRESS_INTERVAL_S: its totals only, written in its lease's release round trip.
+    assert written == [("with the lease", 1, 0)]
     assert read_shard_progress("progress-one") == {0: Progress(done=1, failed=0)}
+    assert lease_holder(shard_lease_key("progress-one", 0)) is None
 
     written.clear()
     monkeypatch.setattr(shard_execution, "PROGRESS_INTERVAL_S", 0.0)
     execute_shard(replace(spec, job_id="progress-five", shard_prefix=spec.shard_prefix + "-5"), worker="w1")
     # One write a micro-batch (of 2, 2 and 1 records), the last with the totals, and none after it.
-    assert [done for done, _ in written] == [2, 4, 5] and written[-1] == (5, 1)
+    assert [(way, done) for way, done, _ in written] == [("alone", 2), ("alone", 4), ("alone", 5)]
+    assert written[-1] == ("alone", 5, 1)
     assert read_shard_progress("progress-five") == {0: Progress(done=5, failed=1)}
 
 
