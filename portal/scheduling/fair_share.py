@@ -32,7 +32,7 @@ class WaitingJob:
     pending: int
     """Shards not yet sent."""
     shard_cost: float
-    """Estimated GPU-seconds of one of its shards."""
+    """Estimated GPU-seconds of its longest waiting shard, which stands for each of its next ones."""
 
 
 @dataclass

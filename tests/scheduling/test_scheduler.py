@@ -434,6 +434,31 @@ def test_the_longest_waiting_shard_sizes_the_window_so_a_late_tenant_waits_no_lo
         client.delete(key)
 
 
+def test_a_jobs_short_first_shards_do_not_widen_the_window_its_full_size_ones_would_fill(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    queue = gpu_queue(gpu_class.name)
+    client = redis_client()
+    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(4)]
+    for key in keys:
+        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
+    try:
+        model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+        early = _running_job(TenantFactory(name="early"), model, tmp_path, shards=30)
+        # Cut short for a fast first result, then a second each: what planning gives a fresh job.
+        for index, seconds in enumerate([0.1, 0.2, 0.4]):
+            Shard.objects.filter(job=early, index=index).update(estimated_seconds=seconds)
+        capacity._cached = None
+        assert schedule_queue(queue) == 8, "two places a slot: the job's one-second shards size the window"
+
+        late = _running_job(TenantFactory(name="late"), model, tmp_path, shards=5)
+        Shard.objects.filter(job=early, status=ShardStatus.DISPATCHED, index__lt=4).update(status=ShardStatus.SUCCEEDED)
+        assert schedule_queue(queue) == 4
+        assert _dispatched(late) == 4, "the places freed go to the tenant that arrived, at once"
+    finally:
+        client.delete(*keys)
+
+
 def test_a_queue_whose_tick_fails_does_not_keep_the_sweep_from_filling_the_others(
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
