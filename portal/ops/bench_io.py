@@ -56,8 +56,7 @@ from portal.jobs.services.storage_layout import errors_uri, job_prefix, output_u
 from portal.jobs.services.submit import normalize_input_uri
 from portal.ops.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
 from portal.tenancy.services import tenant_get_or_create
-from tasks.app import app
-from tasks.config import REPO_DIR
+from tasks.config import REPO_DIR, progress_redis_url
 from tasks.shard_execution import start_attempt
 from tasks.specs import ShardManifest
 from tasks.storage import join_uri, store_for
@@ -264,6 +263,18 @@ def peak_rss_bytes() -> int:
 STEPS: dict[str, Callable[..., None]] = {"plan": job_plan, "merge": job_merge}
 
 
+def _celery_in_memory(step: str) -> None:
+    """Point this child's Celery at an in-memory broker: the chords planning sends are counted, never
+    queued for a fleet that is not there, and the child works whatever broker the environment names,
+    a stopped one included. Celery reads CELERY_BROKER_URL and CELERY_RESULT_BACKEND from the
+    environment before its own settings, so they are set there; leases and progress stay on the Redis
+    they would have used."""
+    os.environ["BATCHERY_PROGRESS_REDIS_URL"] = progress_redis_url()
+    os.environ["CELERY_BROKER_URL"] = IN_MEMORY_BROKER
+    # The planner's chord needs a result backend to join on; a merge of committed shards needs none.
+    os.environ["CELERY_RESULT_BACKEND"] = "cache+memory://" if step == "plan" else "disabled"
+
+
 def child_main(argv: Sequence[str]) -> None:
     """Inside the child: run one step on one job and print its figures as one JSON line."""
     step, job_id = argv
@@ -274,8 +285,7 @@ def child_main(argv: Sequence[str]) -> None:
         published += 1
 
     before_task_publish.connect(count, weak=False)
-    # The planner's chord needs a result backend to join on; a merge of committed shards needs none.
-    app.conf.update(broker_url=IN_MEMORY_BROKER, result_backend="cache+memory://" if step == "plan" else "disabled")
+    _celery_in_memory(step)
     start_rss = peak_rss_bytes()
     started = time.perf_counter()
     STEPS[step](job_id=job_id)

@@ -12,6 +12,7 @@ from django.db import connection
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.storage_layout import job_prefix
 from portal.ops.bench_io import MB, bench_input, render_io_results, run_io_bench
+from portal.ops.embedded import free_port
 from tasks.storage import store_for
 from tests.support.workers import database_url
 
@@ -47,6 +48,24 @@ def test_the_io_bench_plans_and_merges_each_size_in_its_own_process(minilm: Any)
     table = render_io_results(results)
     assert "plan peak RSS MB" in table and "merge peak RSS MB" in table
     assert "peak RSS, 6 MB input / 2 MB input" in table
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_io_bench_children_use_no_broker_of_the_environment(minilm: Any) -> None:
+    # `make bench` once left a stopped Redis's address in the environment; the planning child sent
+    # its chords there and died. Its chords now go to an in-memory broker, counted, never queued.
+    stopped = f"redis://127.0.0.1:{free_port()}/0"
+    child_env = {
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "CELERY_BROKER_URL": stopped,
+        "CELERY_RESULT_BACKEND": stopped,
+    }
+
+    [result] = run_io_bench([1], shard_size=2_000, child_env=child_env)
+
+    assert result.plan.published == min(result.shards, settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW) > 0
+    assert result.output_lines == result.records
 
 
 def test_a_bench_input_of_the_right_size_is_reused(tmp_path: Path) -> None:

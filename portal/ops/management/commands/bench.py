@@ -51,18 +51,27 @@ def shared_broker() -> Iterator[None]:
     """One embedded Redis for every stack the benchmark starts, where no broker is configured.
 
     A stack that starts its own Redis points this process (and its Celery app) at it and stops it at
-    the end; the next stack would find the first one's dead address.
+    the end; the next stack would find the first one's dead address. At the end the environment is
+    as it was, so that nothing after it (the planning bench's processes) is pointed at a Redis gone.
     """
     if os.environ.get("CELERY_BROKER_URL"):
         yield
         return
+    names = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+    before = {name: os.environ.get(name) for name in names}
     redis = start_embedded_redis(Path(settings.VAR_DIR) / "redis")
-    os.environ["CELERY_BROKER_URL"] = os.environ["CELERY_RESULT_BACKEND"] = redis.url
+    os.environ.update(dict.fromkeys(names, redis.url))
     repoint_celery_app()
     try:
         yield
     finally:
         redis.stop()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        repoint_celery_app()
 
 
 def sizes_mb(value: str) -> list[int]:
