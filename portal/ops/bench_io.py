@@ -356,6 +356,11 @@ def bench_one(size_mb: int, *, shard_size: int, child_env: dict[str, str], say: 
             plan=plan,
             merge=merge,
         )
+    except BaseException:
+        # A job left queued or running would be planned and run by the next stack's reconciler on this
+        # database, in the middle of another benchmark.
+        Job.objects.filter(pk=job_id).delete()
+        raise
     finally:
         # Shard inputs, attempts and outputs are several times the input; the input is kept for reuse.
         root = job_prefix(job_id)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
+import shlex
 from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
 
-from portal.ops.management.commands.bench import Command, shared_broker
+from portal.ops.management.commands.bench import PARTS, Command, rerun_line, sentence_counts, shared_broker
 from portal.ops.stack import repoint_celery_app
 from tasks.app import app
 
@@ -43,3 +45,36 @@ def test_the_shared_broker_leaves_the_environment_as_it_found_it(
     finally:
         monkeypatch.undo()
         repoint_celery_app()
+
+
+def test_the_stack_is_measured_at_each_target_size_by_default() -> None:
+    options = Command().create_parser("manage.py", "bench").parse_args([])
+
+    assert options.sentences == [6_000, 20_000, 100_000]
+
+
+def test_sentence_counts_are_read_from_a_list_and_zero_skips() -> None:
+    assert sentence_counts("6000, 20000") == [6_000, 20_000]
+    assert sentence_counts("0") == []
+    for bad in ("", "6000,x", "-5", "6000,0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="sentence counts"):
+            sentence_counts(bad)
+
+
+@pytest.mark.parametrize("part", [part.replace("-", "_") for part in PARTS])
+def test_a_rerun_line_runs_its_part_alone(part: str) -> None:
+    line = rerun_line(**{part: 7})
+    parser = Command().create_parser("manage.py", "bench")
+
+    options = vars(parser.parse_args(shlex.split(line.removeprefix("rerun: python manage.py bench "))))
+
+    assert options["skip_io"]
+    names = [name.replace("-", "_") for name in PARTS]
+    expected: dict[str, object] = {**dict.fromkeys(names, 0), "sentences": []}
+    expected[part] = [7] if part == "sentences" else 7
+    assert {name: options[name] for name in names} == expected
+
+
+def test_a_rerun_line_refuses_what_is_not_a_part() -> None:
+    with pytest.raises(ValueError, match="not a part of the benchmark: slots"):
+        rerun_line(slots=2)

@@ -11,7 +11,7 @@ from django.db import connection
 
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.storage_layout import job_prefix
-from portal.ops.bench_io import MB, bench_input, render_io_results, run_io_bench
+from portal.ops.bench_io import MB, IoBenchError, bench_input, render_io_results, run_io_bench
 from portal.ops.embedded import free_port
 from tasks.storage import store_for
 from tests.support.workers import database_url
@@ -66,6 +66,18 @@ def test_the_io_bench_children_use_no_broker_of_the_environment(minilm: Any) -> 
 
     assert result.plan.published == min(result.shards, settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW) > 0
     assert result.output_lines == result.records
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_io_bench_leaves_no_job_to_resume(minilm: Any) -> None:
+    # The planning child cannot reach its database: the step fails, and its job must not stay queued
+    # for a later stack's reconciler to plan and run.
+    unreachable = {"DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/nowhere"}
+
+    with pytest.raises(IoBenchError, match="the plan process failed"):
+        run_io_bench([1], shard_size=2_000, child_env=unreachable)
+
+    assert not Job.objects.exists()
 
 
 def test_a_bench_input_of_the_right_size_is_reused(tmp_path: Path) -> None:
