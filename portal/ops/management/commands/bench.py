@@ -87,7 +87,7 @@ def ratio_target(sentences: int) -> float:
     return 0.95 if sentences >= 20_000 else 0.90
 
 
-def rerun_line(**kept: int | str) -> str:
+def rerun_line(**kept: int) -> str:
     """The command that runs only the parts in `kept` (`metrics_sentences=6000`), every other one at 0."""
     values = {part: kept.pop(part.replace("-", "_"), 0) for part in PARTS}
     if kept:
