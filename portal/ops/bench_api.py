@@ -7,27 +7,35 @@ latency is then the clients' queue, by Little's law, more than any request's wor
 drawn at random (exponential, mean `pace_s`, after a random start), as independent users poll: clients
 in lockstep would all ask at the same instant and measure the queue of their own burst. Reported: p50
 and p99 latency per endpoint, requests per second, errors (any answer but 200, or none), and the
-database queries each endpoint makes, counted in this process with Django's test client.
+database queries each endpoint makes, counted in this process with Django's test client; the CPU the
+portal (gunicorn and its workers) and the clients (this process) spent in each run, which says what
+bounds the unpaced run on a machine that holds both. Then the run with no pause again under py-spy,
+attached to gunicorn and its workers: where the portal's time goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+from django.conf import settings
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from portal.catalog.models import GpuClass, Model
 from portal.jobs.models import Job, JobStatus
+from portal.ops.bench_profile import Profile, profile_while, render_profile, tree_cpu_seconds
 from portal.ops.embedded import free_port
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.apikeys import apikey_create
@@ -45,6 +53,10 @@ class LoadRun:
     latencies_ms: dict[str, list[float]]
     """Latencies by endpoint (`detail`, `list`), in milliseconds."""
     errors: int
+    portal_cpu_s: float = 0.0
+    """CPU seconds of gunicorn and its workers during the run."""
+    clients_cpu_s: float = 0.0
+    """CPU seconds of the clients (this process) during the run."""
 
     @property
     def requests(self) -> int:
@@ -63,6 +75,10 @@ class ApiFigures:
     runs: list[LoadRun]
     queries: dict[str, int]
     """Database queries per request, by endpoint."""
+    profile: Profile | None = None
+    """The run with no pause again, under py-spy attached to the portal."""
+    profile_note: str = ""
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
 def _seed(jobs: int) -> tuple[Tenant, str, str]:
@@ -195,6 +211,7 @@ def run_api_bench(
     seconds: float = 10.0,
     paces_s: tuple[float, ...] = (0.0, 0.5),
     portal_workers: int = StackOptions.portal_workers,
+    profile: bool = True,
     say: Callable[[str], None],
 ) -> ApiFigures:
     # httpx logs each request at INFO: half a million lines would drown the table.
@@ -212,20 +229,51 @@ def run_api_bench(
     )
     stack = Stack(options)
     runs = []
+    measured: Profile | None = None
+    note = ""
     try:
         queries = queries_per_request(key, job_id)
         stack.start()
         base_url = f"http://{address}"
         _wait_ready(base_url, stack)
         asyncio.run(_load(base_url, key, job_id, clients=clients, seconds=1.0, pace_s=0.0))  # warm connections
+        portal_pid = stack.processes["portal"].pid
         for pace_s in paces_s:
             say(f"api: {clients} clients for {seconds:.0f} s, {pace_s * 1000:.0f} ms between a client's requests ...")
+            portal_before, clients_before = tree_cpu_seconds(portal_pid), time.process_time()
             with _collector_paused():
-                runs.append(asyncio.run(_load(base_url, key, job_id, clients=clients, seconds=seconds, pace_s=pace_s)))
+                run = asyncio.run(_load(base_url, key, job_id, clients=clients, seconds=seconds, pace_s=pace_s))
+            runs.append(
+                dataclasses.replace(
+                    run,
+                    portal_cpu_s=tree_cpu_seconds(portal_pid) - portal_before,
+                    clients_cpu_s=time.process_time() - clients_before,
+                )
+            )
+        if profile:
+            say(f"api: {clients} clients for {seconds:.0f} s with no pause again, under py-spy ...")
+            try:
+                with _collector_paused():
+                    measured = profile_while(
+                        {"portal": portal_pid},
+                        f"the portal, {clients} clients with no pause",
+                        lambda: asyncio.run(_load(base_url, key, job_id, clients=clients, seconds=seconds, pace_s=0.0)),
+                        Path(settings.VAR_DIR) / "bench" / "api" / "profile",
+                    )
+            except (OSError, RuntimeError) as exc:
+                note = f"no profile: {exc}"
     finally:
         stack.stop()
         Job.objects.filter(tenant=tenant).delete()
-    return ApiFigures(jobs=jobs, clients=clients, portal_workers=portal_workers, runs=runs, queries=queries)
+    return ApiFigures(
+        jobs=jobs,
+        clients=clients,
+        portal_workers=portal_workers,
+        runs=runs,
+        queries=queries,
+        profile=measured,
+        profile_note=note,
+    )
 
 
 def render_api(figures: ApiFigures) -> str:
@@ -246,4 +294,15 @@ def render_api(figures: ApiFigures) -> str:
             f"{pace:<16} {run.requests / run.seconds:7.0f} {run.errors:6d}  {cells[0]:>16}  {cells[1]:>16}  "
             "p99 < 50 ms, no error"
         )
+    for run in figures.runs:
+        pace = "no pause" if not run.pace_s else f"{run.pace_s * 1000:.0f} ms between requests"
+        lines.append(
+            f"CPU with {pace}: portal {run.portal_cpu_s / run.seconds:.2f} cores, clients "
+            f"{run.clients_cpu_s / run.seconds:.2f} cores (of {figures.cores}); "
+            f"portal {run.portal_cpu_s / max(run.requests, 1) * 1000:.2f} ms a request"
+        )
+    if figures.profile is not None:
+        lines += render_profile(figures.profile)
+    if figures.profile_note:
+        lines.append(figures.profile_note)
     return "\n".join(lines)

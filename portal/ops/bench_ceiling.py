@@ -12,15 +12,10 @@ and by time under them, in Batchery's code.
 
 from __future__ import annotations
 
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +28,7 @@ from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root
 from portal.ops.bench_catalog import bench_model_register
 from portal.ops.bench_job import timed_job
+from portal.ops.bench_profile import Profile, cpu_seconds_of, profile_while, render_profile, tree_cpu_seconds
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
@@ -40,20 +36,6 @@ from tasks.storage.local import path_of
 
 MODEL_NAME = "bench-zero-embed"
 ONE_RECORD_JOBS = 30
-# Frames of Batchery's own code, for the profile's second table.
-OWN_CODE = ("portal/", "tasks/", "gpuworkers/")
-FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::\d+)?\)$")
-
-
-@dataclass(frozen=True)
-class Profile:
-    label: str
-    samples: int
-    by_process: list[tuple[str, int]]
-    own_time: list[tuple[str, int]]
-    """(function, samples in which it was the innermost frame), most first."""
-    under: list[tuple[str, int]]
-    """(function of Batchery's code, samples in which it was on the stack), most first."""
 
 
 @dataclass(frozen=True)
@@ -135,19 +117,11 @@ def cpu_seconds(stack: Stack) -> dict[str, float]:
     every Redis and PostgreSQL server process on the machine."""
     import psutil
 
-    def used(process: psutil.Process) -> float:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            return 0.0  # ended since it was listed
-        return times.user + times.system
-
-    groups: dict[str, float] = {}
-    for name in ("control", "gpuworkers"):
-        root = psutil.Process(stack.processes[name].pid)
-        groups[name] = sum(used(process) for process in [root, *root.children(recursive=True)])
+    groups = {name: tree_cpu_seconds(stack.processes[name].pid) for name in ("control", "gpuworkers")}
     for name, binary in (("redis", "redis-server"), ("postgres", "postgres")):
-        groups[name] = sum(used(process) for process in psutil.process_iter(["name"]) if process.info["name"] == binary)
+        groups[name] = sum(
+            cpu_seconds_of(process) for process in psutil.process_iter(["name"]) if process.info["name"] == binary
+        )
     return groups
 
 
@@ -182,87 +156,6 @@ def wave_of(job: Job) -> int:
     shard = job.shards.order_by("-estimated_seconds").first()
     seconds = shard.estimated_seconds if shard is not None else None
     return wave_size(job_queue(job), seconds)
-
-
-def _frame_name(frame: str) -> str:
-    """`function (path:line)` -> `function (short path)`: lines of one function add up."""
-    match = FRAME.match(frame)
-    if not match:
-        return frame
-    path = match["path"]
-    for marker in ("site-packages/", str(settings.BASE_DIR) + "/"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-    return f"{match['function']} ({path})"
-
-
-def parse_py_spy_raw(text: str, *, label: str, top: int = 12) -> Profile:
-    """Top entries of py-spy's `raw` output (collapsed stacks: `frame;frame;... count` a line)."""
-    own: Counter[str] = Counter()
-    under: Counter[str] = Counter()
-    processes: Counter[str] = Counter()
-    samples = 0
-    for line in text.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        samples += count
-        frames = stack.split(";")
-        process = next((f for f in frames if f.startswith("process ")), "process ?")
-        processes[re.sub(r"^process \d+:", "", process).strip('"')[:70]] += count
-        names = [_frame_name(f) for f in frames if not f.startswith(("process ", "thread "))]
-        if names:
-            own[names[-1]] += count
-        for name in set(names):
-            if any(part in name for part in OWN_CODE) and "site-packages" not in name:
-                under[name] += count
-    return Profile(
-        label=label,
-        samples=samples,
-        by_process=processes.most_common(5),
-        own_time=own.most_common(top),
-        under=under.most_common(top),
-    )
-
-
-@contextmanager
-def py_spy(pids: dict[str, int], output_dir: Path) -> Iterator[list[Path]]:
-    """py-spy recording each pid and its children while the block runs; yields the raw files, written at the end."""
-    binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    outputs = [output_dir / f"{name}.txt" for name in pids]
-    # --gil: only threads holding the GIL, i.e. running Python: where the CPU goes, not the waits.
-    options = ["--subprocesses", "--format", "raw", "--rate", "200", "--nonblocking", "--gil"]
-    recorders = [
-        subprocess.Popen(
-            [binary, "record", "--pid", str(pid), *options, "--output", str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for pid, out in zip(pids.values(), outputs, strict=True)
-    ]
-    time.sleep(1)  # py-spy attaches to the children before the job starts
-    try:
-        yield outputs
-    finally:
-        for recorder in recorders:
-            recorder.send_signal(signal.SIGINT)
-        for recorder in recorders:
-            try:
-                recorder.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                recorder.kill()
-
-
-def _profile(stack: Stack, label: str, run: Callable[[], object], output_dir: Path) -> Profile:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    pids = {name: stack.processes[name].pid for name in ("control", "gpuworkers")}
-    with py_spy(pids, output_dir) as outputs:
-        run()
-    text = "\n".join(out.read_text() for out in outputs if out.exists())
-    if not text.strip():
-        raise RuntimeError("py-spy wrote no samples (is ptrace allowed here?)")
-    return parse_py_spy_raw(text, label=label)
 
 
 def run_ceiling_bench(
@@ -302,20 +195,23 @@ def run_ceiling_bench(
         if profile:
             say("ceiling: both jobs again under py-spy ...")
             try:
+                pids = {name: stack.processes[name].pid for name in ("control", "gpuworkers")}
                 profiles.append(
-                    _profile(
-                        stack,
-                        f"{records:,} records",
+                    profile_while(
+                        pids,
+                        f"the {records:,} records job",
                         lambda: _drop_objects(_run_job(tenant, big, shard_size=None)[0]),
                         data / "profile-records",
                     )
                 )
                 profiles.append(
-                    _profile(
-                        stack, f"{shards:,} one-record shards", lambda: _run_job(tenant, one_a_shard, shard_size=1),
+                    profile_while(
+                        pids,
+                        f"the {shards:,} one-record shards job",
+                        lambda: _run_job(tenant, one_a_shard, shard_size=1),
                         data / "profile-shards",
                     )
-                )  # fmt: skip
+                )
             except (OSError, RuntimeError) as exc:
                 note = f"no profile: {exc}"
     finally:
@@ -342,19 +238,6 @@ def _percentile(values: list[float], fraction: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
-def _render_profile(profile: Profile) -> list[str]:
-    def share(count: int) -> str:
-        return f"{count / max(profile.samples, 1):6.1%}"
-
-    lines = [f"profile of the {profile.label} job ({profile.samples} samples at 200 Hz of threads holding the GIL)"]
-    lines += [f"  {share(count)}  process {name}" for name, count in profile.by_process]
-    lines.append("  own time (innermost frame):")
-    lines += [f"  {share(count)}  {name}" for name, count in profile.own_time]
-    lines.append("  time under, Batchery's code:")
-    lines += [f"  {share(count)}  {name}" for name, count in profile.under]
-    return lines
 
 
 def render_ceiling(figures: CeilingFigures) -> str:
@@ -397,7 +280,7 @@ def render_ceiling(figures: CeilingFigures) -> str:
     ]
     lines += [f"{name:<{width}}  {value:>10}  {target}" for name, value, target in rows]
     for profile in figures.profiles:
-        lines += _render_profile(profile)
+        lines += render_profile(profile)
     if figures.profile_note:
         lines.append(figures.profile_note)
     return "\n".join(lines)

@@ -163,6 +163,7 @@ class Command(BaseCommand):
         parser.add_argument("--api-jobs", type=int, default=10_000, help="jobs in the API run's database (0: skip)")
         parser.add_argument("--api-clients", type=int, default=50)
         parser.add_argument("--api-seconds", type=float, default=10.0)
+        parser.add_argument("--no-api-profile", action="store_true", help="skip the py-spy profile of the portal")
         parser.add_argument(
             "--api-portal-workers", type=int, default=StackOptions.portal_workers, help="gunicorn workers of the portal"
         )
@@ -258,6 +259,7 @@ class Command(BaseCommand):
                 clients=options["api_clients"],
                 seconds=options["api_seconds"],
                 portal_workers=options["api_portal_workers"],
+                profile=not options["no_api_profile"],
                 say=self.stdout.write,
             )
             self.stdout.write(render_api(api))

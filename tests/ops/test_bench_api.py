@@ -1,0 +1,53 @@
+"""The API benchmark at a tiny size, as `make bench` runs it: a real portal under load, then profiled."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_api_bench_reports_the_cpu_of_portal_and_clients_and_where_the_portals_time_goes(
+    tmp_path: Path,
+) -> None:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
+    }
+    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
+    parts = ["--sentences", "0", "--metrics-sentences", "0", "--fairness-slots", "0", "--ceiling-slots", "0"]
+    load = ["--api-jobs", "300", "--api-clients", "4", "--api-seconds", "2", "--reconcile-jobs", "0"]
+
+    finished = subprocess.run(
+        [sys.executable, "manage.py", "bench", "--skip-io", *parts, *load],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    out = finished.stdout
+    assert "API: 4 clients, 300 jobs in the database" in out
+    cpu = re.findall(r"CPU with (no pause|500 ms between requests): portal ([\d.]+) cores, clients ([\d.]+) cores", out)
+    assert [pace for pace, _, _ in cpu] == ["no pause", "500 ms between requests"], out
+    portal_cores, clients_cores = float(cpu[0][1]), float(cpu[0][2])
+    assert portal_cores > 0.05 and clients_cores > 0.05, "both sides worked through the run with no pause"
+    profile = re.search(r"profile of the portal, 4 clients with no pause \((\d+) samples", out)
+    assert profile and int(profile[1]) > 0, out
+    assert "process gunicorn portal.wsgi" in out, "the samples came from the portal's processes"
+    assert re.search(r"^ +[\d.]+%  \w+ \(portal/", out, re.MULTILINE), "the portal's own code is in the profile"
+    assert (
+        "rerun: python manage.py bench --skip-io --sentences 0 --metrics-sentences 0 --fairness-slots 0 "
+        "--ceiling-slots 0 --api-jobs 300 --reconcile-jobs 0" in out
+    )
