@@ -20,7 +20,7 @@ import redis
 from portal.ops.embedded import free_port
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.support.chaos import CHAOS_ENV, ChaosStack, wait_for
-from tests.support.workers import REPO, database_url
+from tests.support.workers import REPO, database_url, newcomer_env
 
 
 class Launcher:
@@ -125,13 +125,7 @@ class UpProcess:
 @pytest.fixture
 def up_without_services(tmp_path: Path) -> Iterator[UpProcess]:
     """`manage.py up` with no broker, database or Flower auth configured: embedded Redis and SQLite."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
-        and not name.startswith("FLOWER_")
-    }
-    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
+    env = {name: value for name, value in newcomer_env(tmp_path / "var").items() if not name.startswith("FLOWER_")}
     portal_port, flower_port = free_port(), free_port()
     log_path = tmp_path / "up.log"
     with log_path.open("wb") as log:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.workers import newcomer_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,12 +19,7 @@ pytestmark = pytest.mark.slow
 def test_the_api_bench_reports_the_cpu_of_portal_and_clients_and_where_the_portals_time_goes(
     tmp_path: Path,
 ) -> None:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
-    }
-    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
+    env = newcomer_env(tmp_path / "var")
     parts = ["--sentences", "0", "--metrics-sentences", "0", "--fairness-slots", "0", "--ceiling-slots", "0"]
     load = ["--api-jobs", "300", "--api-clients", "4", "--api-seconds", "2", "--reconcile-jobs", "0"]
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.workers import newcomer_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,12 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_demo_runs_a_real_job_with_no_broker_or_database_configured(tmp_path: Path) -> None:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
-    }
-    env["BATCHERY_VAR_DIR"] = str(tmp_path / "var")
+    env = newcomer_env(tmp_path / "var")
 
     finished = subprocess.run(
         [sys.executable, "manage.py", "demo", "--sentences", "400", "--cpu-slots", "1", "--timeout", "240"],

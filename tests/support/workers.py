@@ -43,6 +43,17 @@ class WorkerProcess:
         self.log.close()
 
 
+CONFIGURED_SERVICES = {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
+
+
+def newcomer_env(var_dir: Path) -> dict[str, str]:
+    """This environment as a newcomer's machine has it: no broker, database or storage configured (the
+    project starts embedded Redis and uses SQLite), its files under `var_dir`."""
+    env = {name: value for name, value in os.environ.items() if name not in CONFIGURED_SERVICES}
+    env["BATCHERY_VAR_DIR"] = str(var_dir)
+    return env
+
+
 def database_url(settings_dict: dict[str, object]) -> str:
     """The URL of the database Django is using now (the test database, once it exists)."""
     engine = str(settings_dict["ENGINE"])
