@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.workers import newcomer_env
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.workers import manage_as_newcomer
 
 pytestmark = pytest.mark.slow
 
@@ -19,21 +15,11 @@ pytestmark = pytest.mark.slow
 def test_the_api_bench_reports_the_cpu_of_portal_and_clients_and_where_the_portals_time_goes(
     tmp_path: Path,
 ) -> None:
-    env = newcomer_env(tmp_path / "var")
     parts = ["--sentences", "0", "--metrics-sentences", "0", "--fairness-slots", "0", "--ceiling-slots", "0"]
     load = ["--api-jobs", "300", "--api-clients", "4", "--api-seconds", "2", "--reconcile-jobs", "0"]
 
-    finished = subprocess.run(
-        [sys.executable, "manage.py", "bench", "--skip-io", *parts, *load],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = manage_as_newcomer("bench", "--skip-io", *parts, *load, var_dir=tmp_path / "var")
 
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    out = finished.stdout
     assert "API: 4 clients, 300 jobs in the database" in out
     cpu = re.findall(r"CPU with (no pause|500 ms between requests): portal ([\d.]+) cores, clients ([\d.]+) cores", out)
     assert [pace for pace, _, _ in cpu] == ["no pause", "500 ms between requests"], out

@@ -54,6 +54,20 @@ def newcomer_env(var_dir: Path) -> dict[str, str]:
     return env
 
 
+def manage_as_newcomer(*args: str, var_dir: Path, timeout_s: float = 300) -> str:
+    """`python manage.py *args` in a newcomer's environment (`newcomer_env`); its output, once it succeeded."""
+    finished = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO,
+        env=newcomer_env(var_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    return finished.stdout
+
+
 def database_url(settings_dict: dict[str, object]) -> str:
     """The URL of the database Django is using now (the test database, once it exists)."""
     engine = str(settings_dict["ENGINE"])
