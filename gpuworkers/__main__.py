@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument(
         "--cpu-slots", type=int, default=None, help="slots where there is no GPU (default 1, with a thread per core)"
     )
-    launch.add_argument("--app", default="tasks.slot_app", help="the Celery app the workers load")
+    launch.add_argument("--app", default="tasks.slot.app", help="the Celery app the workers load")
     launch.add_argument(
         "--preload", nargs="*", default=[], metavar="MODEL", help="models (name or name@version) each slot loads first"
     )

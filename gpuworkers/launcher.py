@@ -49,7 +49,7 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
         sys.executable,
         "-m",
         # Celery's command line with Django's import refused: a slot needs only the broker and the store.
-        "tasks.slot_worker",
+        "tasks.slot.worker",
         "--app",
         app,
         *quiet,
@@ -88,7 +88,7 @@ def worker_env(
         # writes its own files there, and the launcher's /metrics sums them.
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     if preload:
-        # Read by `tasks.preload` when the slot's process starts; a model that fails stops the slot.
+        # Read by `tasks.slot.preload` when the slot's process starts; a model that fails stops the slot.
         env["BATCHERY_PRELOAD"] = ",".join(preload)
     env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
     # SIGTERM becomes Celery's soft shutdown: the running shard gets BATCHERY_SOFT_SHUTDOWN_S to
@@ -136,7 +136,7 @@ class Launcher:
         self,
         slots: list[Slot],
         *,
-        app: str = "tasks.slot_app",
+        app: str = "tasks.slot.app",
         loglevel: str = "INFO",
         preload: list[str] | None = None,
         metrics: MetricsOptions | None = None,

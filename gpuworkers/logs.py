@@ -3,7 +3,7 @@
 The portal (through ``LOGGING`` in its settings), the control worker, the GPU launcher and its slot
 workers all use the formatter and filter defined here, so a central log system sees one shape
 everywhere and can follow a job across machines by its ``job_id``. No Django and no Celery here:
-``tasks.logging_setup`` ties this to Celery's signals.
+``tasks.shared.logging_setup`` ties this to Celery's signals.
 
 ``BATCHERY_LOG_FORMAT``
     ``text`` (default): ``%(asctime)s %(levelname)s %(name)s %(message)s``, as before.

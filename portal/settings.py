@@ -12,8 +12,8 @@ from typing import Any
 
 import dj_database_url
 
-from tasks.config import storage_url, var_dir
-from tasks.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_str
+from tasks.shared.config import storage_url, var_dir
+from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()

@@ -1,7 +1,7 @@
 """The Celery app shared by the portal, the control worker and the GPU workers.
 
 Importing it needs no Django. The control side (portal, control worker, beat, Flower) loads it as
-it is, with every task; a GPU host's slots load `tasks.slot_app`, which registers the slot's tasks
+it is, with every task; a GPU host's slots load `tasks.slot.app`, which registers the slot's tasks
 alone, since the control tasks import Django and a GPU host has no database.
 """
 
@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tasks import logging_setup  # noqa: F401  (json logs; each task's job on its records)
-from tasks.broker_transport import register_broker_transport
-from tasks.config import celery_settings
+from tasks.shared import logging_setup  # noqa: F401  (json logs; each task's job on its records)
+from tasks.shared.broker_transport import register_broker_transport
+from tasks.shared.config import celery_settings
 
-SLOT_TASK_MODULES = ("tasks.run_shard", "tasks.diagnostics")
+SLOT_TASK_MODULES = ("tasks.slot.run_shard", "tasks.slot.diagnostics")
 """Tasks of GPU (and `cpu`) queues: no database, only the broker and the store."""
 CONTROL_TASK_MODULES = (
-    "tasks.plan",
-    "tasks.merge",
-    "tasks.shard_done",
-    "tasks.reconcile",
-    "tasks.validate_batch",
-    "tasks.finalize_batch",
-    "tasks.webhooks",
+    "tasks.control.plan",
+    "tasks.control.merge",
+    "tasks.control.shard_done",
+    "tasks.control.reconcile",
+    "tasks.control.validate_batch",
+    "tasks.control.finalize_batch",
+    "tasks.control.webhooks",
 )
-"""Tasks of the `control` queue, near the database (`tasks.control.ControlTask`)."""
+"""Tasks of the `control` queue, near the database (`tasks.control.base.ControlTask`)."""
 
 DB_REUSE_MAX_TASKS = 1000
 """Tasks a worker process runs on one database connection before Celery's Django fixup closes it."""

@@ -76,8 +76,8 @@ def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Service]:
 @pytest.fixture
 def s3(s3_service: S3Service, monkeypatch: pytest.MonkeyPatch) -> S3Service:
     """This process uses the session's S3 server too (a fresh store, so its client reads this env)."""
-    from tasks.storage import registry
-    from tasks.storage.s3 import S3Store
+    from tasks.shared.storage import registry
+    from tasks.shared.storage.s3 import S3Store
 
     for name, value in s3_service.env.items():
         monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""The S3 clients of a process (weights here, shard data in `tasks.storage.s3`), configured in one
+"""The S3 clients of a process (weights here, shard data in `tasks.shared.storage.s3`), configured in one
 place, and which of their failures a retry may fix.
 
 Standard retries (``BATCHERY_S3_MAX_ATTEMPTS``), fixed timeouts, the endpoint and credentials from

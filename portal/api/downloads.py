@@ -8,7 +8,7 @@ from django.http import StreamingHttpResponse
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 
 from portal.jobs.services.partial import PartialOutput
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 
 CHUNK_BYTES = 256 * 1024
 

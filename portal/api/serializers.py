@@ -22,8 +22,8 @@ from portal.jobs.services.submit import (
 from portal.scheduling.usage import usage_by_class
 from portal.tenancy.models import ApiKey, Membership, Tenant
 from portal.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from tasks.formats.inputs import FORMATS
-from tasks.formats.records import input_field_for
+from tasks.shared.formats.inputs import FORMATS
+from tasks.shared.formats.records import input_field_for
 
 
 class ProgressSerializer(serializers.Serializer):

@@ -31,7 +31,7 @@ from portal.batches.services.files import FileRefused, file_delete, file_upload
 from portal.jobs.services.stop import CannotStop
 from portal.jobs.services.submit import QuotaExceeded
 from portal.jobs.services.uploads import UploadTooLarge
-from tasks.storage import StorageError, TransientStorageError
+from tasks.shared.storage import StorageError, TransientStorageError
 
 TAGS = ["openai-batch"]
 AFTER_PARAMETER = OpenApiParameter("after", str, description="The id of the last object of the previous page.")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from portal.catalog.models import Model
-from tasks.catalog import write_catalog
+from tasks.shared.catalog import write_catalog
 
 
 def catalog_publish() -> bool:

@@ -17,7 +17,7 @@ from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import SubmissionError
-from tasks.storage import StorageError
+from tasks.shared.storage import StorageError
 
 SHARD_FIELDS = (
     "index",

@@ -12,8 +12,8 @@ from django.utils import timezone
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.usage import month_of
-from tasks.config import queue_readings
-from tasks.progress import Progress, read_job_progress, read_jobs_progress
+from tasks.shared.config import queue_readings
+from tasks.shared.progress import Progress, read_job_progress, read_jobs_progress
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from portal.ops.bench_profile import Profile, cpu_seconds_of, profile_while, ren
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
-from tasks.storage.local import path_of
+from tasks.shared.storage.local import path_of
 
 MODEL_NAME = "bench-zero-embed"
 ONE_RECORD_JOBS = 30
@@ -132,7 +132,7 @@ def celery_floor(tasks: int, *, queue: str, chord_size: int = 1, timeout_s: floa
     from celery import chord, group
 
     from tasks.app import app
-    from tasks.config import CONTROL_QUEUE
+    from tasks.shared.config import CONTROL_QUEUE
 
     accumulate = app.signature("celery.accumulate")
     started = time.perf_counter()

@@ -56,10 +56,10 @@ from portal.jobs.services.storage_layout import errors_uri, job_prefix, output_u
 from portal.jobs.services.submit import normalize_input_uri
 from portal.ops.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
 from portal.tenancy.services import tenant_get_or_create
-from tasks.config import REPO_DIR, progress_redis_url
-from tasks.shard_execution import start_attempt
-from tasks.specs import ShardManifest
-from tasks.storage import join_uri, store_for
+from tasks.shared.config import REPO_DIR, progress_redis_url
+from tasks.shared.specs import ShardManifest
+from tasks.shared.storage import join_uri, store_for
+from tasks.slot.shard_execution import start_attempt
 
 MB = 1_000_000
 DEFAULT_SIZES_MB = (200, 2000)
@@ -76,7 +76,7 @@ READ_CHUNK_BYTES = 1024 * 1024
 IN_MEMORY_BROKER = "memory://localhost/"
 # The child starts the way a control worker does: Django set up, then the service is called.
 CHILD_BOOT = (
-    "import sys; from tasks.control import ensure_django; ensure_django(); "
+    "import sys; from tasks.control.base import ensure_django; ensure_django(); "
     "from portal.ops.bench_io import child_main; child_main(sys.argv[1:])"
 )
 
@@ -215,7 +215,7 @@ def commit_shard(job: Job, shard: Shard, embeddings: list[bytes]) -> ShardManife
     start_attempt(store, spec, attempt_id, FABRICATED_WORKER)
     with store_for(spec.input_uri).open_read(spec.input_uri) as source:
         lines, tokens = _output_lines(source, spec.input_field, embeddings)
-    # The attempt's objects are named as `tasks.shard_execution._run_attempt` names them.
+    # The attempt's objects are named as `tasks.slot.shard_execution._run_attempt` names them.
     attempt_prefix = join_uri(spec.shard_prefix, "attempts", attempt_id)
     manifest = ShardManifest(
         job_id=spec.job_id,

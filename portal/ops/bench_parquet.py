@@ -23,10 +23,10 @@ import orjson
 import pyarrow.parquet as pq
 
 from gpuworkers.batching import RecordResult
-from tasks.formats.parquet_output import jsonl_to_parquet
-from tasks.formats.parquet_pieces import PieceSource, merge_pieces
-from tasks.shard_piece import ShardPiece
-from tasks.storage import store_for
+from tasks.shared.formats.parquet_output import jsonl_to_parquet
+from tasks.shared.formats.parquet_pieces import PieceSource, merge_pieces
+from tasks.shared.storage import store_for
+from tasks.slot.shard_piece import ShardPiece
 
 DIM = 384
 """The bundled model's embedding length."""

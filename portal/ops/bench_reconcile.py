@@ -32,11 +32,11 @@ from portal.catalog.services import catalog_publish
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.reconcile import jobs_reconcile
 from portal.tenancy.services import tenant_get_or_create
-from tasks.leases import shard_lease_key
-from tasks.redis_client import redis_client
-from tasks.specs import ShardManifest, commit_uri
-from tasks.storage import store_for
-from tasks.storage.local import LocalStore
+from tasks.shared.leases import shard_lease_key
+from tasks.shared.redis_client import redis_client
+from tasks.shared.specs import ShardManifest, commit_uri
+from tasks.shared.storage import store_for
+from tasks.shared.storage.local import LocalStore
 
 GPU_CLASS = "bench-reconcile"
 TENANT = "bench-reconcile"

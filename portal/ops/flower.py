@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from tasks.env import ImproperlyConfiguredEnv, env_int, env_str
+from tasks.shared.env import ImproperlyConfiguredEnv, env_int, env_str
 
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 5555
@@ -88,7 +88,7 @@ def flower_launch(
 ) -> FlowerLaunch:
     """The command and environment that run Flower on `address:port` against the configured broker.
 
-    Credentials are read from this process's environment (`tasks.env.env_str`, which knows NAME_FILE);
+    Credentials are read from this process's environment (`tasks.shared.env.env_str`, which knows NAME_FILE);
     `environ` is the environment to hand on, this process's by default.
     """
     if not 0 < port < 65536:

@@ -11,8 +11,8 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
-from tasks.heartbeat import FLEET_KEY_PREFIX, draining_key
-from tasks.redis_client import redis_client
+from tasks.shared.fleet import FLEET_KEY_PREFIX, draining_key
+from tasks.shared.redis_client import redis_client
 
 
 def fleet_slots() -> list[dict[str, Any]]:

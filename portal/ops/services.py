@@ -11,8 +11,8 @@ import time
 from django.contrib.auth.models import User
 
 from portal.audit.services import Target, actor_label, audit_record
-from tasks.heartbeat import DRAINING_TTL_S, draining_key
-from tasks.redis_client import redis_client
+from tasks.shared.fleet import DRAINING_TTL_S, draining_key
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

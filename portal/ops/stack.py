@@ -48,7 +48,7 @@ class StackOptions:
 def repoint_celery_app() -> None:
     """Point this process's Celery app at the broker the environment names now (`redis_client` follows by itself)."""
     from tasks.app import app
-    from tasks.config import celery_settings
+    from tasks.shared.config import celery_settings
 
     app.conf.update(celery_settings())
 

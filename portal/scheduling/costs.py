@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from portal.jobs.models import Job, Shard
-from tasks.specs import ShardManifest
+from tasks.shared.specs import ShardManifest
 
 
 def shard_cost_estimate(job: Job, shard: Shard) -> float:

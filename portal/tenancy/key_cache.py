@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from portal.tenancy.models import ApiKey, Membership, Tenant
-from tasks.redis_client import redis_client
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from portal.catalog.models import Model
 from portal.jobs.services.submit import OUTPUT_FORMATS
 from portal.webhooks.models import EVENT_TYPES
-from tasks.formats.inputs import FORMATS
+from tasks.shared.formats.inputs import FORMATS
 
 FORMAT_LABELS = {"auto": "Detect from name and content", "jsonl": "JSONL", "csv": "CSV", "tsv": "TSV"}
 

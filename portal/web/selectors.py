@@ -22,10 +22,10 @@ from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardS
 from portal.jobs.selectors import JobProgress, job_progress, quota_usage, usage_per_month
 from portal.ops.selectors import fleet_slots
 from portal.tenancy.models import Quota, Tenant
-from tasks.leases import shard_lease_key
-from tasks.progress import read_shard_progress
-from tasks.redis_client import redis_client
-from tasks.storage import StorageError, store_for
+from tasks.shared.leases import shard_lease_key
+from tasks.shared.progress import read_shard_progress
+from tasks.shared.redis_client import redis_client
+from tasks.shared.storage import StorageError, store_for
 
 ERROR_LINES_SHOWN = 20
 THROUGHPUT_BUCKETS = 60

@@ -12,7 +12,7 @@ from rest_framework.test import APIRequestFactory
 
 from portal.api.serializers import JobSerializer
 from portal.jobs.models import Job, JobStatus
-from tasks.progress import Progress
+from tasks.shared.progress import Progress
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.reconcile import jobs_reconcile
 from portal.jobs.services.storage_layout import job_prefix, output_uri
 from portal.tenancy.models import Membership, Quota
-from tasks.storage import join_uri, store_for
+from tasks.shared.storage import join_uri, store_for
 from tests.api.conftest import Caller
 from tests.support.openai_batches import ENDED, requests_file, wait_for_batch
 

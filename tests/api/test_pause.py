@@ -13,9 +13,9 @@ from django.core.management import CommandError, call_command
 from portal.audit.models import AuditEntry
 from portal.jobs.models import Job, JobStatus
 from portal.tenancy.models import Membership
-from tasks.leases import Lease
-from tasks.redis_client import redis_client
-from tasks.stops import PAUSED, arrival_flags
+from tasks.shared.leases import Lease
+from tasks.shared.redis_client import redis_client
+from tasks.shared.stops import PAUSED, arrival_flags
 from tests.api.conftest import Caller
 
 

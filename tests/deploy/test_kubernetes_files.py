@@ -172,7 +172,7 @@ def test_gpu_workers_get_time_to_finish_their_shard(site: list[dict[str, Any]]) 
     for deployment in deployments:
         pod = deployment["spec"]["template"]["spec"]
         env = container_env(pod["containers"][0], site, secret)
-        # As tasks.config reads it: the soft shutdown defaults to the shard time limit, which defaults to 3600.
+        # As tasks.shared.config reads it: the soft shutdown defaults to the shard time limit, which defaults to 3600.
         soft_shutdown = int(env.get("BATCHERY_SOFT_SHUTDOWN_S", env.get("BATCHERY_SHARD_TIME_LIMIT_S", "3600")))
         assert pod["terminationGracePeriodSeconds"] > soft_shutdown, deployment["metadata"]["name"]
 

@@ -25,8 +25,8 @@ def test_a_slot_runs_the_slot_app_without_django_even_where_the_launcher_has_dja
     (slot,) = plan_slots(gpus=[], gpus_per_worker=1, gpu_class=None)
     env = worker_env(slot, {"PATH": "/bin", "DJANGO_SETTINGS_MODULE": "portal.settings"})
     assert "DJANGO_SETTINGS_MODULE" not in env, "Celery would set Django up in the slot"
-    command = worker_command(slot, app="tasks.slot_app", hostname="h", loglevel="INFO")
-    assert command[1:5] == ["-m", "tasks.slot_worker", "--app", "tasks.slot_app"]
+    command = worker_command(slot, app="tasks.slot.app", hostname="h", loglevel="INFO")
+    assert command[1:5] == ["-m", "tasks.slot.worker", "--app", "tasks.slot.app"]
 
 
 def test_a_machine_without_gpus_gets_one_cpu_slot_with_a_thread_per_core(monkeypatch: pytest.MonkeyPatch) -> None:

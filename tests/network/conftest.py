@@ -189,8 +189,8 @@ def control_services(
 ) -> Iterator[ControlServices]:
     from django.db import connection
 
-    from tasks.storage import registry
-    from tasks.storage.s3 import S3Store
+    from tasks.shared.storage import registry
+    from tasks.shared.storage.s3 import S3Store
 
     with running_moto_server(host=network.control_address) as s3_url:
         s3_env = {

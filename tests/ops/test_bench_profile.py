@@ -17,7 +17,7 @@ BASE = settings.BASE_DIR
 def _raw() -> str:
     site = "/venv/lib/python3.11/site-packages"
     master = 'process 10:"/venv/bin/python -m gunicorn portal.wsgi --bind 127.0.0.1:8000 --workers 4"'
-    slot = 'process 20:"/venv/bin/python -m tasks.slot_worker worker --queues gpu.cpu --hostname slot1-cpu@vm"'
+    slot = 'process 20:"/venv/bin/python -m tasks.slot.worker worker --queues gpu.cpu --hostname slot1-cpu@vm"'
     return "\n".join(
         [
             # With --subprocesses a worker's stacks begin with its parent, then the worker itself.
@@ -42,7 +42,7 @@ def test_samples_add_up_by_innermost_frame_and_by_process() -> None:
         ("job_list (portal/api/views.py)", 10),
     ]
     # Each sample counts for the process it was taken in, named short: workers of one kind add up.
-    assert profile.by_process == [("gunicorn portal.wsgi", 40), ("tasks.slot_worker slot1-cpu@vm", 20)]
+    assert profile.by_process == [("gunicorn portal.wsgi", 40), ("tasks.slot.worker slot1-cpu@vm", 20)]
 
 
 def test_time_under_counts_only_batcherys_own_frames_once_a_sample() -> None:

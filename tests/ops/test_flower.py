@@ -56,7 +56,7 @@ def test_credentials_from_a_file_are_resolved_for_flower_which_does_not_read_fil
     secret = tmp_path / "flower_auth"
     secret.write_text("ops:from-a-file\n")
     monkeypatch.setenv("FLOWER_BASIC_AUTH_FILE", str(secret))
-    # The file wins over the variable, as for every NAME_FILE secret (tasks.env.env_str).
+    # The file wins over the variable, as for every NAME_FILE secret (tasks.shared.env.env_str).
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "ops:stale")
     launch = flower_launch(address="10.1.2.3", port=5556)
     assert launch.env["FLOWER_BASIC_AUTH"] == "ops:from-a-file"

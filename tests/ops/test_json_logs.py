@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from portal.jobs.models import Job
-from tasks.logging_setup import received_log_fields, task_log_fields
+from tasks.shared.logging_setup import received_log_fields, task_log_fields
 from tests.factories import ModelFactory
 from tests.ops.conftest import Launcher, wait_slots
 from tests.support.chaos import ChaosStack, wait_for, write_records

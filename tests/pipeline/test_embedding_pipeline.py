@@ -68,7 +68,7 @@ def test_the_model_is_loaded_once_per_worker_process_across_shards_and_jobs(
     # The session's worker may have loaded the model for an earlier test; from here on it never loads.
     assert all(shard.cache_hit for shard in shards[1:])
     assert all(shard.load_seconds == 0 for shard in shards if shard.cache_hit)
-    from tasks.specs import read_commit
+    from tasks.shared.specs import read_commit
 
     # The process's count of loads of this model is the same for every shard: none loaded it again.
     # (Earlier tests on the session's worker may have loaded it before, and evicted it since.)

@@ -29,9 +29,10 @@ from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import job_submit
 from portal.ops.services import slot_drain
 from portal.tenancy.models import Membership, Quota, Tenant
-from tasks.heartbeat import FLEET_KEY_PREFIX, draining_key, heartbeat_key, slot_heartbeat
-from tasks.redis_client import redis_client
-from tasks.storage import store_for
+from tasks.shared.fleet import FLEET_KEY_PREFIX, draining_key, heartbeat_key
+from tasks.shared.redis_client import redis_client
+from tasks.shared.storage import store_for
+from tasks.slot.heartbeat import slot_heartbeat
 from tests.conftest import ARTIFACTS
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.support.workers import start_worker, wait_until_consuming

@@ -21,7 +21,7 @@ import pytest
 from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
 from portal.scheduling import capacity
-from tasks.config import gpu_queue
+from tasks.shared.config import gpu_queue
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.factories import GpuClassFactory, ModelFactory
 from tests.support.chaos import CHAOS_ENV, ChaosStack, wait_for, write_records

@@ -15,8 +15,8 @@ from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.services.scheduler import merge_when_settled, schedule_queue
 from portal.jobs.services.settle import shards_record_success
 from portal.jobs.services.transitions import job_transition
-from tasks.config import gpu_queue
-from tasks.specs import ShardManifest
+from tasks.shared.config import gpu_queue
+from tasks.shared.specs import ShardManifest
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services import scheduler
 from portal.jobs.services.scheduler import schedule_queue, shard_finished
 from portal.ops.bench_reconcile import write_commit
-from tasks.config import gpu_queue
+from tasks.shared.config import gpu_queue
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,8 +16,8 @@ from portal.jobs.models import Job, ShardStatus
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.ops.bench_reconcile import count_storage_requests, hold_leases, simulate_running_jobs, write_commit
 from portal.scheduling import capacity
-from tasks.config import gpu_queue
-from tasks.redis_client import redis_client
+from tasks.shared.config import gpu_queue
+from tasks.shared.redis_client import redis_client
 from tests.factories import GpuClassFactory, ModelFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

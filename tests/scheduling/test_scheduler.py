@@ -29,9 +29,9 @@ from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
 from portal.scheduling.usage import usage_read
 from portal.tenancy.models import FairShareUsage
-from tasks.config import gpu_queue
-from tasks.heartbeat import FLEET_KEY_PREFIX
-from tasks.redis_client import redis_client
+from tasks.shared.config import gpu_queue
+from tasks.shared.fleet import FLEET_KEY_PREFIX
+from tasks.shared.redis_client import redis_client
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -356,7 +356,7 @@ def test_a_batch_that_fails_for_good_fails_none_of_the_jobs_whose_endings_it_hel
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from portal.jobs.services import finished_inbox
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
 
     queue = gpu_queue(gpu_class.name)
     inbox = INBOX_KEY.format(queue=queue)
@@ -385,7 +385,7 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
     import redis
 
     from portal.jobs.services import finished_inbox
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
 
     class RedisDown:
         def rpush(self, *args: Any) -> None:

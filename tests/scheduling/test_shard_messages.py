@@ -21,10 +21,10 @@ from portal.jobs.services.scheduler import schedule_queue
 from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
 from tasks.app import app
-from tasks.config import gpu_queue
-from tasks.heartbeat import FLEET_KEY_PREFIX
-from tasks.logging_setup import received_log_fields
-from tasks.redis_client import redis_client
+from tasks.shared.config import gpu_queue
+from tasks.shared.fleet import FLEET_KEY_PREFIX
+from tasks.shared.logging_setup import received_log_fields
+from tasks.shared.redis_client import redis_client
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,7 +73,7 @@ def test_a_shards_message_prints_the_fields_that_name_it_and_carries_its_whole_s
     assert headers["task"] == "batchery.run_shard"
     assert headers["argsrepr"] == f"({{'job_id': '{job_id}', 'shard_index': 0, 'record_count': 3}},)"
     assert headers["kwargsrepr"] == "{}"
-    # What the worker's "received" log line is read for (`tasks.logging_setup`).
+    # What the worker's "received" log line is read for (`tasks.shared.logging_setup`).
     assert received_log_fields("batchery.run_shard", headers["argsrepr"], "{}") == {"job_id": job_id, "shard": 0}
     assert spec["input_uri"] == shard.input_uri and spec["model"]["name"] == "messages"
 
@@ -158,7 +158,7 @@ def test_long_shards_go_alone(gpu_class: Any, tmp_path: Path, two_live_slots: st
 
 
 def test_a_waves_callback_settles_each_of_its_shards(gpu_class: Any, tmp_path: Path) -> None:
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
 
     # A fourth shard still runs: nothing is sent and the job does not merge, so no task outlives the test.
     shards = _pending_shards(gpu_class, tmp_path, count=4)
@@ -180,7 +180,7 @@ def test_a_waves_callback_settles_each_of_its_shards(gpu_class: Any, tmp_path: P
 def test_a_wave_that_ended_early_sends_its_unrun_shards_again_counting_only_the_one_that_started(
     gpu_class: Any, tmp_path: Path
 ) -> None:
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
 
     # The wave's time limit ended it inside shard 1: shard 0 committed, shard 2 never started.
     shards = _pending_shards(gpu_class, tmp_path, count=3)
@@ -204,7 +204,7 @@ def test_a_wave_that_ended_early_sends_its_unrun_shards_again_counting_only_the_
 
 
 def test_a_lone_shard_with_no_outcome_yet_is_left_running(gpu_class: Any, tmp_path: Path) -> None:
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
 
     # A lone shard's callback with no outcome stored: its speculative copy ended, the shard itself runs on.
     [shard] = _pending_shards(gpu_class, tmp_path)

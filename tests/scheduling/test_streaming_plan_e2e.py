@@ -13,7 +13,7 @@ import pytest
 from portal.catalog.models import Model
 from portal.catalog.services import catalog_publish
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard, ShardStatus
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 from tests.factories import ModelFactory
 from tests.scheduling.conftest import ended, report, ts
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records

@@ -23,7 +23,7 @@ import orjson
 import psutil
 
 from portal.ops.embedded import EmbeddedRedis, start_embedded_redis
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 from tests.support.workers import REPO, WorkerProcess, start_worker
 
 CHAOS_ENV = {

@@ -16,8 +16,8 @@ import orjson
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.settle import shard_record_failure, shard_record_success
 from portal.tenancy.models import Tenant
-from tasks.specs import ShardManifest, commit_uri
-from tasks.storage import store_for
+from tasks.shared.specs import ShardManifest, commit_uri
+from tasks.shared.storage import store_for
 from tests.factories import ModelFactory
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tasks.storage import S3Store, registry
-from tasks.storage.s3 import MIN_PART_BYTES
+from tasks.shared.storage import S3Store, registry
+from tasks.shared.storage.s3 import MIN_PART_BYTES
 from tests.support.moto_server import running_moto_server
 
 

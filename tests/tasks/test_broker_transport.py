@@ -1,4 +1,4 @@
-"""`tasks.broker_transport`: the app's Redis broker channels build one client per pool, and work as kombu's."""
+"""`tasks.shared.broker_transport`: the app's Redis broker channels build one client per pool, and work as kombu's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from kombu import Connection, Exchange, Queue
 
 from tasks.app import app
-from tasks.broker_transport import Channel, Transport
-from tasks.config import broker_url
+from tasks.shared.broker_transport import Channel, Transport
+from tasks.shared.config import broker_url
 
 
 def _redis_broker() -> str:

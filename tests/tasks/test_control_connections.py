@@ -11,7 +11,7 @@ from celery.fixups.django import DjangoWorkerFixup
 from django.db import connection
 
 from tasks.app import DB_REUSE_MAX_TASKS, app
-from tasks.shard_done import shard_done
+from tasks.control.shard_done import shard_done
 
 
 @pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ def test_control_tasks_keep_their_own_time_limit_under_a_short_shard_limit() -> 
     """A site (the tests' stacks: 20 s) may give shards a short limit; planning a large input or merging its
     output takes longer, and was killed by it: the app's default limits are the shards'."""
     script = (
-        "from tasks.app import app; import tasks.plan, tasks.merge, tasks.run_shard; "
+        "from tasks.app import app; import tasks.control.plan, tasks.control.merge, tasks.slot.run_shard; "
         "print(app.conf.task_soft_time_limit, app.conf.task_time_limit, "
         "app.tasks['batchery.plan_job'].soft_time_limit, app.tasks['batchery.merge_job'].time_limit, "
         "app.tasks['batchery.run_shard'].time_limit)"

@@ -5,9 +5,10 @@ import json
 import pytest
 
 from portal.ops.selectors import fleet_slots
-from tasks import slot_state
-from tasks.heartbeat import HEARTBEAT_TTL_S, heartbeat_key, slot_heartbeat
-from tasks.redis_client import redis_client
+from tasks.shared.fleet import HEARTBEAT_TTL_S, heartbeat_key
+from tasks.shared.redis_client import redis_client
+from tasks.slot import state as slot_state
+from tasks.slot.heartbeat import slot_heartbeat
 
 
 def test_a_slot_heartbeat_says_what_the_slot_holds_and_the_fleet_lists_it_until_its_ttl(

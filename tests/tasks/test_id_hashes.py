@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.formats.id_hashes import IdHashes
+from tasks.shared.formats.id_hashes import IdHashes
 
 
 def test_repeats_are_found_whether_or_not_the_hashes_spilled_to_disk() -> None:

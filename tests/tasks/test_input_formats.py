@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.formats import inputs
-from tasks.formats.inputs import (
+from tasks.shared.formats import inputs
+from tasks.shared.formats.inputs import (
     FileProblem,
     InputFormat,
     InputOptions,
@@ -25,7 +25,7 @@ from tasks.formats.inputs import (
     detect_format,
     iter_records,
 )
-from tasks.formats.jsonl import JsonlCheck
+from tasks.shared.formats.jsonl import JsonlCheck
 
 ROWS = [
     ("a", "plain text"),

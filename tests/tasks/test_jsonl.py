@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tasks.formats.jsonl import JsonlCheck, check_jsonl, iter_jsonl
+from tasks.shared.formats.jsonl import JsonlCheck, check_jsonl, iter_jsonl
 
 
 def _stream(lines: list[str]) -> io.BytesIO:
@@ -57,7 +57,7 @@ def test_an_input_without_records_has_no_problems() -> None:
 
 
 def test_a_line_longer_than_the_limit_is_refused_without_being_held_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tasks.formats.jsonl.MAX_LINE_BYTES", 64)
+    monkeypatch.setattr("tasks.shared.formats.jsonl.MAX_LINE_BYTES", 64)
     long_line = json.dumps({"custom_id": "big", "input": "x" * 500})
     data = _stream([json.dumps({"input": "short"}), long_line, json.dumps({"input": "after"})]).getvalue()
     check = check_jsonl(lambda: io.BytesIO(data), input_field="input")

@@ -1,4 +1,4 @@
-"""`tasks.leases`: one renewer thread per process keeps every held lease alive, and none after."""
+"""`tasks.shared.leases`: one renewer thread per process keeps every held lease alive, and none after."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import uuid
 import pytest
 from redis.client import Pipeline
 
-from tasks.leases import Lease, lease_holder
-from tasks.redis_client import redis_client
+from tasks.shared.leases import Lease, lease_holder
+from tasks.shared.redis_client import redis_client
 
 
 def _key() -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.storage import StorageError, join_uri, store_for
+from tasks.shared.storage import StorageError, join_uri, store_for
 
 
 def test_a_write_appears_only_when_complete(tmp_path: Path) -> None:

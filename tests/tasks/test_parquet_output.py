@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
+from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 
 
 def _lines(rows: list[dict[str, Any]]) -> list[bytes]:

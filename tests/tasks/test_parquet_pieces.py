@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
-from tasks.formats.parquet_pieces import PiecesDisagree, PieceSource, PieceWriter, merge_pieces
+from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
+from tasks.shared.formats.parquet_pieces import PiecesDisagree, PieceSource, PieceWriter, merge_pieces
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 """How the shard writes its JSONL lines."""

@@ -1,10 +1,10 @@
-"""`tasks.redis_client`: the client follows the Redis the environment names."""
+"""`tasks.shared.redis_client`: the client follows the Redis the environment names."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.redis_client import redis_client
+from tasks.shared.redis_client import redis_client
 
 
 def test_a_process_pointed_at_another_redis_gets_its_client_and_back_the_first_one_after(

@@ -15,8 +15,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from portal.ops.embedded import free_port
-from tasks.storage import S3Store, StorageError, TransientStorageError, s3, store_for
-from tasks.storage.s3 import MIN_PART_BYTES, _storage_error, parse_s3_uri
+from tasks.shared.storage import S3Store, StorageError, TransientStorageError, s3, store_for
+from tasks.shared.storage.s3 import MIN_PART_BYTES, _storage_error, parse_s3_uri
 
 pytestmark = pytest.mark.timeout(120)
 

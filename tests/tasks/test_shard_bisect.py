@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tasks.shard_bisect import plan_ranges
+from tasks.slot.shard_bisect import plan_ranges
 
 
 def test_with_nothing_finished_the_shard_is_cut_into_chunks() -> None:

@@ -13,10 +13,10 @@ import pytest
 from redis.client import Pipeline
 
 from gpuworkers.spec import ModelSpec
-from tasks.leases import lease_holder, shard_lease_key
-from tasks.shard_execution import execute_shard, start_attempt
-from tasks.specs import ShardSpec, read_commit
-from tasks.storage.local import LocalStore
+from tasks.shared.leases import lease_holder, shard_lease_key
+from tasks.shared.specs import ShardSpec, read_commit
+from tasks.shared.storage.local import LocalStore
+from tasks.slot.shard_execution import execute_shard, start_attempt
 
 MINILM = ModelSpec(
     name="all-MiniLM-L6-v2",
@@ -161,7 +161,7 @@ def test_an_attempt_beaten_by_another_stops_at_its_next_micro_batch_and_returns_
 
 
 def test_a_shard_of_a_paused_job_does_not_start_even_without_redis_flag(spec: ShardSpec, tmp_path: Path) -> None:
-    from tasks.specs import ShardSkipped
+    from tasks.shared.specs import ShardSkipped
 
     marker = tmp_path / "paused"
     marker.write_bytes(b"paused")
@@ -174,8 +174,8 @@ def test_a_shard_of_a_paused_job_does_not_start_even_without_redis_flag(spec: Sh
 def test_live_progress_ends_at_the_shards_totals_without_writing_the_same_totals_twice(
     spec: ShardSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks import shard_execution
-    from tasks.progress import Progress, publish_shard_progress, read_shard_progress, shard_progress_commands
+    from tasks.shared.progress import Progress, publish_shard_progress, read_shard_progress, shard_progress_commands
+    from tasks.slot import shard_execution
 
     written: list[tuple[str, int, int]] = []
 

@@ -12,10 +12,10 @@ from typing import Any, BinaryIO
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from tasks import shard_execution
-from tasks.shard_execution import OutputLine, _BlockWriter, _write_outputs
-from tasks.storage import TransientStorageError
-from tasks.storage.local import LocalStore
+from tasks.shared.storage import TransientStorageError
+from tasks.shared.storage.local import LocalStore
+from tasks.slot import shard_execution
+from tasks.slot.shard_execution import OutputLine, _BlockWriter, _write_outputs
 
 
 def _lines(count: int) -> list[OutputLine]:

@@ -16,11 +16,11 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
 from gpuworkers.batching import RecordResult
-from tasks.formats.parquet_output import jsonl_to_parquet
-from tasks.shard_execution import execute_shard
-from tasks.shard_piece import ShardPiece
-from tasks.specs import ShardManifest, ShardSpec, read_commit
-from tasks.storage import store_for
+from tasks.shared.formats.parquet_output import jsonl_to_parquet
+from tasks.shared.specs import ShardManifest, ShardSpec, read_commit
+from tasks.shared.storage import store_for
+from tasks.slot.shard_execution import execute_shard
+from tasks.slot.shard_piece import ShardPiece
 from tests.tasks.test_shard_execution import MINILM
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE

@@ -8,15 +8,15 @@ import sys
 
 from tests.support.workers import REPO
 
-# What `python -m tasks.slot_worker --app tasks.slot_app worker` loads before its first task.
+# What `python -m tasks.slot.worker --app tasks.slot.app worker` loads before its first task.
 SLOT_PROCESS = """
 import json, sys
-from tasks.slot_worker import RefuseDjango
+from tasks.slot.worker import RefuseDjango
 sys.meta_path.insert(0, RefuseDjango())
-from tasks.slot_app import app
+from tasks.slot.app import app
 app.loader.import_default_modules()
 try:
-    import tasks.plan
+    import tasks.control.plan
     control = "imported"
 except ModuleNotFoundError as exc:
     control = str(exc)

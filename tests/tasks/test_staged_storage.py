@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tasks.storage import registry
-from tasks.storage.s3 import MIN_PART_BYTES
-from tasks.storage.staged import StagedLost, StagedState, staged_append, staged_discard, staged_publish
+from tasks.shared.storage import registry
+from tasks.shared.storage.s3 import MIN_PART_BYTES
+from tasks.shared.storage.staged import StagedLost, StagedState, staged_append, staged_discard, staged_publish
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,9 +15,9 @@ from celery import states
 from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import app
-from tasks.run_shard import run_shards, shard_soft_time_limit
-from tasks.specs import ShardSpec, read_commit
-from tasks.stops import PAUSED
+from tasks.shared.specs import ShardSpec, read_commit
+from tasks.shared.stops import PAUSED
+from tasks.slot.run_shard import run_shards, shard_soft_time_limit
 from tests.tasks.test_shard_execution import MINILM
 
 

@@ -17,8 +17,8 @@ from playwright.sync_api import expect
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.submit import job_submit
-from tasks.heartbeat import draining_key
-from tasks.redis_client import redis_client
+from tasks.shared.fleet import draining_key
+from tasks.shared.redis_client import redis_client
 from tests.factories import ModelFactory
 from tests.support.chaos_engines import FLAKY_MARKER
 from tests.support.jobs import read_lines, wait_for_job

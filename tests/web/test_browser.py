@@ -19,9 +19,9 @@ from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.jobs.services.uploads import uploads_root
 from portal.tenancy.models import Membership, Tenant
-from tasks.heartbeat import heartbeat_key
-from tasks.redis_client import redis_client
-from tasks.storage import join_uri, store_for
+from tasks.shared.fleet import heartbeat_key
+from tasks.shared.redis_client import redis_client
+from tasks.shared.storage import join_uri, store_for
 from tests.factories import ModelFactory, TenantFactory
 from tests.support.jobs import read_lines, wait_for_job
 from tests.support.workers import wait_until_idle
@@ -191,7 +191,7 @@ def test_another_tenants_job_answers_404_in_the_browser(
 
 def _fake_heartbeats(running: Job, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Heartbeats as two GPU slots would write them (the test worker sends none), one running a
-    shard of `running`: the fields of `tasks.heartbeat.slot_heartbeat`, under its keys."""
+    shard of `running`: the fields of `tasks.slot.heartbeat.slot_heartbeat`, under its keys."""
     client = redis_client()
     keys = []
     gib = 2**30

@@ -17,9 +17,9 @@ from portal.jobs.services.uploads import uploads_root
 from portal.tenancy.apikeys import apikey_authenticate
 from portal.tenancy.models import ApiKey, Membership, Quota, Tenant
 from portal.web.access import SESSION_TENANT
-from tasks.heartbeat import FLEET_KEY_PREFIX
-from tasks.redis_client import redis_client
-from tasks.storage import store_for
+from tasks.shared.fleet import FLEET_KEY_PREFIX
+from tasks.shared.redis_client import redis_client
+from tasks.shared.storage import store_for
 from tests.factories import TenantFactory
 from tests.web.conftest import PASSWORD, make_job
 

@@ -33,7 +33,7 @@ from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import SubmissionError, job_submit
-from tasks.storage import StorageError, presigned_url, store_for
+from tasks.shared.storage import StorageError, presigned_url, store_for
 
 DOWNLOAD_URLS = inline_serializer(
     "DownloadUrls",

@@ -15,7 +15,7 @@ class BatchEndpoint:
     task: str
     """The model task that runs its requests."""
     input_field: str
-    """The record field the task reads (`tasks.formats.records.input_field_for`)."""
+    """The record field the task reads (`tasks.shared.formats.records.input_field_for`)."""
     body_field: str | None = None
     """The body field holding the request's input, where it is not ``input_field``."""
 

@@ -24,7 +24,7 @@ import orjson
 
 from gpuworkers.engines.base import is_token_array
 from portal.batches.formats.endpoints import EMBEDDING_ENCODINGS, RESPONSES, BatchEndpoint, endpoint_for
-from tasks.formats.records import input_problem
+from tasks.shared.formats.records import input_problem
 
 RESPONSES_PARAMS: Mapping[str, str] = {"max_output_tokens": "max_tokens", "text": "response_format"}
 """Responses API body fields and the engine params (chat's names) they become."""

@@ -37,7 +37,7 @@ from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError
 from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
-from tasks.storage import join_uri, store_for
+from tasks.shared.storage import join_uri, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def batch_create(
 
 
 def _send_validation(batch_id: str) -> None:
-    from tasks.validate_batch import validate_batch
+    from tasks.control.validate_batch import validate_batch
 
     try:
         validate_batch.apply_async((batch_id,), task_id=validation_task_id(batch_id))

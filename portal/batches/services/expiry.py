@@ -28,7 +28,7 @@ from django.utils import timezone
 from portal.batches.models import Batch, File
 from portal.jobs.models import FINAL_STATUSES
 from portal.jobs.services.storage_layout import job_root
-from tasks.storage import join_uri, store_for
+from tasks.shared.storage import join_uri, store_for
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from portal.batches.models import File
 from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
 from portal.jobs.services.uploads import upload_store
 from portal.tenancy.models import Tenant
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 
 
 class FileRefused(Exception):

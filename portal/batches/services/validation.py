@@ -31,9 +31,9 @@ from portal.catalog.selectors import newest_enabled_model
 from portal.jobs.models import Job
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.webhooks.services.events import webhook_batch_ended
-from tasks.formats.jsonl import MAX_LINE_BYTES
-from tasks.leases import Lease, LeaseHeld, job_lease_key
-from tasks.storage import join_uri, store_for
+from tasks.shared.formats.jsonl import MAX_LINE_BYTES
+from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
+from tasks.shared.storage import join_uri, store_for
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from django.db.models.functions import Cast, Concat
 
 from portal.jobs.models import Job, Shard
 from portal.jobs.services.storage_layout import job_root, pause_marker_uri
-from tasks.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, gpu_queue, message_priority
-from tasks.formats.records import input_field_for
-from tasks.specs import ShardSpec
+from tasks.shared.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, gpu_queue, message_priority
+from tasks.shared.formats.records import input_field_for
+from tasks.shared.specs import ShardSpec
 
 DEFAULT_TIME_LIMIT_BASE_S = 120.0
 DEFAULT_TIME_LIMIT_PER_RECORD_S = 1.0
@@ -61,8 +61,8 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     naming the wave's shards, which reports their endings to the queue's inbox (`finished_inbox`),
     settled in batches; see `portal.jobs.services.scheduler`.
     """
-    from tasks.run_shard import run_shard, run_shards
-    from tasks.shard_done import shard_done
+    from tasks.control.shard_done import shard_done
+    from tasks.slot.run_shard import run_shard, run_shards
 
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
@@ -99,7 +99,7 @@ def wave_task_id(first_task_id: str) -> str:
 
 def shard_named(spec: dict[str, object]) -> tuple[dict[str, object]]:
     """The printed arguments (`argsrepr`) of a shard's message, for logs and Flower: the fields of its spec
-    that name it, in the spec's form, which `tasks.logging_setup.received_log_fields` reads from the worker's
+    that name it, in the spec's form, which `tasks.shared.logging_setup.received_log_fields` reads from the worker's
     "received" line.
 
     Every message of a shard gives its printed arguments (its callbacks too) rather than leaving them to

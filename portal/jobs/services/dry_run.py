@@ -41,8 +41,8 @@ from portal.jobs.services.submit import (
 )
 from portal.scheduling.capacity import queue_slots
 from portal.tenancy.models import Quota, Tenant
-from tasks.formats.jsonl import JsonlCheck
-from tasks.formats.records import LineProblem
+from tasks.shared.formats.jsonl import JsonlCheck
+from tasks.shared.formats.records import LineProblem
 
 MAX_LISTED_SHARDS = 100
 """Up to this many shards the report lists each; past it, only their count and spread."""

@@ -26,8 +26,8 @@ import redis
 from django.db import InterfaceError, OperationalError
 
 from portal.jobs.services.scheduler import Ending, shards_finished
-from tasks.control import SharedWorkError
-from tasks.redis_client import redis_client
+from tasks.control.base import SharedWorkError
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ become error lines naming the reason.
 
 The first round is stitched as its shards finish (`job_merge_advance`, called as each shard
 settles): the longest run of settled shards after what is stitched already is appended to a staged
-copy of the output and of the error file (`tasks.storage.staged`), invisible until published, and a
+copy of the output and of the error file (`tasks.shared.storage.staged`), invisible until published, and a
 cursor beside the job's objects says how far each got. The merge at the end appends the rest and
 publishes, so a job ends moments after its last shard. The bytes are those of a merge done whole at
 the end; a stopped job, a retry round, or a staged copy found lost is merged whole, as before.
@@ -34,13 +34,13 @@ from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.settle import UNSETTLED, read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
-from tasks.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
-from tasks.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces
-from tasks.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key, lease_holder
-from tasks.redis_client import redis_client
-from tasks.specs import ShardManifest
-from tasks.storage import join_uri, store_for
-from tasks.storage.staged import (
+from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
+from tasks.shared.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces
+from tasks.shared.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key, lease_holder
+from tasks.shared.redis_client import redis_client
+from tasks.shared.specs import ShardManifest
+from tasks.shared.storage import join_uri, store_for
+from tasks.shared.storage.staged import (
     StagedLost,
     StagedState,
     staged_append,

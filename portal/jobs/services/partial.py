@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from portal.jobs.models import Job, JobStatus, ShardStatus
 from portal.jobs.services.merge import COPY_BUFFER_BYTES, ShardOutcome, unfinished_shard_lines
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 
 OFFERED_STATUSES = frozenset(
     {JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.MERGING, JobStatus.CANCELLING}

@@ -2,7 +2,7 @@
 
 The job's status in PostgreSQL is the truth: the scheduler sends shards of running jobs only.
 Shards already waiting in the broker (the queue's window) would still start, so the job's pause
-flag in Redis (`tasks.stops`) and a marker in its storage make each return unrun on arrival, and
+flag in Redis (`tasks.shared.stops`) and a marker in its storage make each return unrun on arrival, and
 the scheduler puts it back to pending at no cost. The marker covers the moments after Redis was
 lost, when a worker that reconnects gives back the shards it held and the reconciler has not yet
 raised the flag again (it does on every sweep). A deadline keeps running while paused. Output is
@@ -20,8 +20,8 @@ from portal.audit.services import audit_record
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.storage_layout import job_root, pause_marker_uri
 from portal.jobs.services.transitions import job_transition
-from tasks.stops import clear_pause, request_pause
-from tasks.storage import store_for
+from tasks.shared.stops import clear_pause, request_pause
+from tasks.shared.storage import store_for
 
 logger = logging.getLogger(__name__)
 

@@ -54,12 +54,12 @@ from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard
 from portal.jobs.services.submit import exceeded_message
 from portal.jobs.services.transitions import job_fail, job_transition
 from portal.tenancy.models import Quota
-from tasks.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
-from tasks.formats.jsonl import JsonlCheck, colliding_id_hashes
-from tasks.formats.records import Record, input_field_for
-from tasks.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key
-from tasks.stops import request_stop
-from tasks.storage import StorageError, join_uri, store_for
+from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
+from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
+from tasks.shared.formats.records import Record, input_field_for
+from tasks.shared.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key
+from tasks.shared.stops import request_stop
+from tasks.shared.storage import StorageError, join_uri, store_for
 
 logger = logging.getLogger(__name__)
 

@@ -43,11 +43,11 @@ from portal.jobs.services.settle import Settled, shard_settle
 from portal.jobs.services.stop import job_expire
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.sweeps import reconcile_sweep_record
-from tasks.broker_probe import BrokerView, pending_task_ids
-from tasks.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
-from tasks.env import env_int
-from tasks.leases import job_lease_key, lease_holder, lease_holders, shard_lease_key
-from tasks.stops import request_pause
+from tasks.shared.broker_probe import BrokerView, pending_task_ids
+from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
+from tasks.shared.env import env_int
+from tasks.shared.leases import job_lease_key, lease_holder, lease_holders, shard_lease_key
+from tasks.shared.stops import request_pause
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
 
 
 def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
-    from tasks.plan import plan_job
+    from tasks.control.plan import plan_job
 
     for job in Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.PLANNING]):
         if not _stale(job, now) or lease_holder(job_lease_key("plan", str(job.id))) is not None:
@@ -112,7 +112,7 @@ def _revalidate_stalled(now: dt.datetime, pending: PendingView, report: Reconcil
     """Send validation again for batches left `validating`: their message was never sent (broker down at
     the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
     message back only after the visibility timeout, an hour, and never one that was not sent."""
-    from tasks.validate_batch import validate_batch
+    from tasks.control.validate_batch import validate_batch
 
     for batch_id in batches_validation_stalled(now=now):
         if lease_holder(validation_lease_key(batch_id)) is not None:
@@ -164,7 +164,7 @@ def _unattended(job: Job, now: dt.datetime) -> list[Shard]:
 
 
 def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
-    from tasks.merge import merge_job
+    from tasks.control.merge import merge_job
 
     lost = []
     for shard in _unattended(job, now):
@@ -205,7 +205,7 @@ def _sweep_running(now: dt.datetime, pending: PendingView, report: ReconcileRepo
 
 
 def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
-    from tasks.merge import merge_job
+    from tasks.control.merge import merge_job
 
     stalled = Job.objects.filter(Q(status=JobStatus.MERGING) | Q(status=JobStatus.CANCELLING))
     for job in stalled:

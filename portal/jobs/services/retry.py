@@ -20,9 +20,9 @@ from portal.jobs.services.plan import ShardWriter
 from portal.jobs.services.shard_cut import ShardCut
 from portal.jobs.services.storage_layout import job_root, shard_prefix
 from portal.jobs.services.transitions import job_transition
-from tasks.formats.records import Record, input_field_for
-from tasks.stops import clear_stop
-from tasks.storage import store_for
+from tasks.shared.formats.records import Record, input_field_for
+from tasks.shared.stops import clear_stop
+from tasks.shared.storage import store_for
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from portal.scheduling.costs import shard_cost_estimate
 from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
 from portal.scheduling.usage import usage_charge, usage_read
 from portal.webhooks.services.events import webhook_jobs_progress
-from tasks.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
+from tasks.shared.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _nothing_to_send() -> bool:
 def _speculate(queue: str, jobs: list[Job], in_flight: int) -> list[tuple[Job, Shard]]:
     """Stragglers: with nothing left to send, each slot that would idle gets a copy of the longest
     running shard that has none yet (`speculative_task_id`); the first commit wins, and the other
-    attempt stops at its next micro-batch (`tasks.shard_execution`)."""
+    attempt stops at its next micro-batch (`tasks.slot.shard_execution`)."""
     slots = queue_slots(queue)
     running = Shard.objects.filter(job__in=jobs, status=ShardStatus.DISPATCHED)
     copied = running.exclude(speculative_task_id="").count()
@@ -400,6 +400,6 @@ def _merge_here(job_id: str) -> None:
 
 
 def _send_merge(job_id: str) -> None:
-    from tasks.merge import merge_job
+    from tasks.control.merge import merge_job
 
     merge_job.apply_async((job_id,), queue=CONTROL_QUEUE)

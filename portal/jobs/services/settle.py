@@ -23,8 +23,8 @@ from portal.jobs.models import Job, Shard, ShardStatus
 from portal.scheduling.costs import shard_cost_estimate, shard_cost_measured
 from portal.scheduling.usage import usage_charge
 from tasks.app import app
-from tasks.specs import ShardManifest, attempt_started, read_commit
-from tasks.stops import PAUSED
+from tasks.shared.specs import ShardManifest, attempt_started, read_commit
+from tasks.shared.stops import PAUSED
 
 # Failures a new attempt may not repeat: the task was killed or its process died.
 TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})

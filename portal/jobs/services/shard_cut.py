@@ -18,7 +18,7 @@ from portal.catalog.throughput import CostModel, throughput_estimate
 from portal.jobs.models import Job
 from portal.jobs.services.dispatch import job_queue
 from portal.scheduling.capacity import queue_slots
-from tasks.formats.records import Record
+from tasks.shared.formats.records import Record
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from django.utils import timezone
 from portal.audit.services import audit_record
 from portal.jobs.models import Job, JobStatus, ShardStatus
 from portal.jobs.services.transitions import job_transition
-from tasks.config import CONTROL_QUEUE
-from tasks.stops import request_stop
+from tasks.shared.config import CONTROL_QUEUE
+from tasks.shared.stops import request_stop
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def shards_revoke(job: Job) -> None:
 
 
 def _finalize(job_id: str, stop: str) -> None:
-    from tasks.merge import merge_job
+    from tasks.control.merge import merge_job
 
     transaction.on_commit(lambda: merge_job.apply_async((job_id,), {"stop": stop}, queue=CONTROL_QUEUE))
 

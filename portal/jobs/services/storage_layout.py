@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from tasks.storage import join_uri
+from tasks.shared.storage import join_uri
 
 if TYPE_CHECKING:
     from portal.jobs.models import Job

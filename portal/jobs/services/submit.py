@@ -33,10 +33,10 @@ from portal.jobs.selectors import QuotaUsage, quota_usage
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Quota, Tenant
-from tasks.formats.inputs import InputOptions, InputOptionsError, check_input
-from tasks.formats.jsonl import JsonlCheck
-from tasks.formats.records import LineProblem, input_field_for
-from tasks.storage import StorageError, store_for
+from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
+from tasks.shared.formats.jsonl import JsonlCheck
+from tasks.shared.formats.records import LineProblem, input_field_for
+from tasks.shared.storage import StorageError, store_for
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # Bounds on what a request may ask for: each keeps a value within what the job's columns and the
@@ -467,7 +467,7 @@ def job_submit(
     )
     checked = _check_input(request.input_uri, input_field=request.input_field, options=request.options)
 
-    from tasks.plan import plan_job
+    from tasks.control.plan import plan_job
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():

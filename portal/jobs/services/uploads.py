@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
-from tasks.storage import join_uri, store_for
+from tasks.shared.storage import join_uri, store_for
 
 
 class UploadTooLarge(Exception):

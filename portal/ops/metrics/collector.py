@@ -27,10 +27,10 @@ from portal.ops.metrics.sweeps import reconcile_last_sweep
 from portal.ops.models import MetricSample
 from portal.ops.selectors import fleet_overview
 from portal.tenancy.models import Quota
-from tasks.broker_probe import queue_depths
-from tasks.config import declared_queues, gpu_queue, queue_gpu_class
-from tasks.heartbeat import LAST_SEEN_KEY
-from tasks.redis_client import redis_client
+from tasks.shared.broker_probe import queue_depths
+from tasks.shared.config import declared_queues, gpu_queue, queue_gpu_class
+from tasks.shared.fleet import LAST_SEEN_KEY
+from tasks.shared.redis_client import redis_client
 
 # A slot that vanished without stopping cleanly stays visible this long (its heartbeat alert fires).
 LAST_SEEN_RETENTION_S = 24 * 3600

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from tasks.redis_client import redis_client
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

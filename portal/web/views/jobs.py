@@ -42,7 +42,7 @@ from portal.web.selectors import (
     tenant_jobs,
     throughput_history,
 )
-from tasks.storage import StorageError, store_for
+from tasks.shared.storage import StorageError, store_for
 
 JOBS_PER_PAGE = 25
 CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED})

@@ -23,8 +23,8 @@ from portal.batches.selectors import batch_status
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_progress, jobs_live_progress
 from portal.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tasks.redis_client import redis_client
-from tasks.webhooks import deliver_webhook
+from tasks.control.webhooks import deliver_webhook
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

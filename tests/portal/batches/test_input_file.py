@@ -18,7 +18,7 @@ from portal.batches.formats.input_file import (
     convert_requests,
     problems_to_openai_errors,
 )
-from tasks.formats.records import TASK_INPUT_FIELDS
+from tasks.shared.formats.records import TASK_INPUT_FIELDS
 from tests.portal.batches.input_file_lines import (
     CHAT,
     COMPLETIONS,

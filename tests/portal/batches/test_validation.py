@@ -21,8 +21,8 @@ from portal.jobs.models import Job
 from portal.jobs.services.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.services.stop import CannotStop
 from portal.tenancy.models import Quota, Tenant
-from tasks.leases import Lease
-from tasks.validate_batch import validate_batch
+from tasks.control.validate_batch import validate_batch
+from tasks.shared.leases import Lease
 from tests.factories import ModelFactory
 
 pytestmark = pytest.mark.django_db

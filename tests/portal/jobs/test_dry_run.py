@@ -23,7 +23,7 @@ from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.scheduling import capacity
 from portal.tenancy.models import Quota, Tenant
-from tasks.config import broker_url
+from tasks.shared.config import broker_url
 from tests.factories import ModelFactory, TenantFactory
 
 SHORT = "hello hello hello"  # 3 words and [CLS] [SEP]: 5 tokens

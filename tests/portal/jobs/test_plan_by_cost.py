@@ -22,7 +22,7 @@ from portal.jobs.services.shard_cut import input_chars
 from portal.jobs.services.submit import job_submit
 from portal.scheduling import capacity
 from portal.tenancy.models import Tenant
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 
 PER_RECORD = 0.001
 PER_CHAR = 0.0002  # a 500-character text costs 0.101 s, a 50-character one 0.011 s: chars dominate

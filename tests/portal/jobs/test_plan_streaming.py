@@ -19,8 +19,8 @@ from portal.jobs.services import plan
 from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota, Tenant
-from tasks.stops import stop_reason
-from tasks.storage import store_for
+from tasks.shared.stops import stop_reason
+from tasks.shared.storage import store_for
 
 
 def _records(count: int) -> list[Any]:

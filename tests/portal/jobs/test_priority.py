@@ -12,7 +12,7 @@ import pytest
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.scheduler import schedule_queue
 from portal.jobs.services.submit import SubmissionError, job_submit
-from tasks.config import gpu_queue, message_priority
+from tasks.shared.config import gpu_queue, message_priority
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,8 @@ from portal.catalog.throughput import CostModel
 from portal.jobs.services.plan import ShardWriter
 from portal.jobs.services.shard_cut import ShardCut
 from portal.jobs.services.storage_layout import job_prefix
-from tasks.formats.records import Record
-from tasks.storage import store_for
+from tasks.shared.formats.records import Record
+from tasks.shared.storage import store_for
 
 pytestmark = pytest.mark.django_db
 

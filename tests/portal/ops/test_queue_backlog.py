@@ -17,8 +17,8 @@ from prometheus_client.core import Metric
 
 from portal.ops.metrics.collector import queue_gauges
 from tasks.app import app
-from tasks.broker_probe import pending_task_ids, priority_lists, queue_depths
-from tasks.config import broker_url
+from tasks.shared.broker_probe import pending_task_ids, priority_lists, queue_depths
+from tasks.shared.config import broker_url
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from portal.catalog.services import catalog_publish
-from tasks.catalog import catalog_uri
+from tasks.shared.catalog import catalog_uri
 
 
 class Command(BaseCommand):

@@ -14,7 +14,7 @@ from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.submit import OUTPUT_FORMATS, SubmissionError, job_submit
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
-from tasks.formats.inputs import FORMATS
+from tasks.shared.formats.inputs import FORMATS
 
 
 def watch_job(job: Job, *, poll_s: float = 0.5, timeout_s: float | None = None) -> Job:

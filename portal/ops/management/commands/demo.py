@@ -17,7 +17,7 @@ from portal.jobs.services.submit import job_submit
 from portal.ops.demo import write_demo_dataset
 from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
-from tasks.storage import store_for
+from tasks.shared.storage import store_for
 
 
 class Command(BaseCommand):

@@ -1,0 +1,13 @@
+"""Write an OpenAI batch's output and error files once its job has ended (idempotent)."""
+
+from __future__ import annotations
+
+from tasks.app import app
+from tasks.control.base import ControlTask
+
+
+@app.task(name="batchery.finalize_batch", base=ControlTask)
+def finalize_batch(batch_id: str) -> bool:
+    from portal.batches.services.batches import batch_finalize
+
+    return batch_finalize(batch_id=batch_id)

@@ -1,0 +1,13 @@
+"""The periodic reconciler task (celery beat, control queue): see `portal.jobs.services.reconcile`."""
+
+from __future__ import annotations
+
+from tasks.app import app
+from tasks.control.base import ControlTask
+
+
+@app.task(name="batchery.reconcile", base=ControlTask)
+def reconcile() -> dict[str, int]:
+    from portal.jobs.services.reconcile import jobs_reconcile
+
+    return jobs_reconcile().as_dict()

@@ -1,0 +1,213 @@
+"""Celery configuration, read from the environment once.
+
+The portal, the control worker and every GPU worker build their Celery app from this one module,
+so reliability settings (visibility timeout, acks, prefetch) are identical everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kombu import Exchange, Queue
+
+from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, env_list, env_str
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+CONTROL_QUEUE = "control"
+# Task names: every message is sent by name (`tasks.send`), so senders never import a task module.
+SHARD_TASK = "batchery.run_shard"
+"""Runs one shard on a slot (`tasks.slot.run_shard.run_shard`)."""
+WAVE_TASK = "batchery.run_shards"
+"""Runs a wave of short shards in one message on a slot (`tasks.slot.run_shard.run_shards`)."""
+SLOT_INFO_TASK = "batchery.slot_info"
+"""What a slot's process sees, for operators and tests (`tasks.slot.diagnostics`)."""
+PLAN_TASK = "batchery.plan_job"
+"""Cuts a queued job's input into shards (`tasks.control.plan`)."""
+SHARDS_ENDED_TASK = "batchery.shard_done"
+"""The callback of a chord of shards: reports their endings (`tasks.control.shard_done`)."""
+MERGE_TASK = "batchery.merge_job"
+"""Merges a job's committed outputs and ends it, or finalizes a stopped job (`tasks.control.merge`)."""
+RECONCILE_TASK = "batchery.reconcile"
+"""The periodic sweep (`tasks.control.reconcile`)."""
+VALIDATE_BATCH_TASK = "batchery.validate_batch"
+"""Validates a large `/v1/batches` input file off the request (`tasks.control.validate_batch`)."""
+FINALIZE_BATCH_TASK = "batchery.finalize_batch"
+"""Writes an ended batch's OpenAI output and error files (`tasks.control.finalize_batch`)."""
+DELIVER_WEBHOOK_TASK = "batchery.deliver_webhook"
+"""One attempt at a webhook delivery (`tasks.control.webhooks`)."""
+WEBHOOKS_SWEEP_TASK = "batchery.webhooks_sweep"
+"""The periodic sweep of overdue webhook deliveries (`tasks.control.webhooks`)."""
+CONTROL_TASKS = (
+    PLAN_TASK,
+    SHARDS_ENDED_TASK,
+    MERGE_TASK,
+    RECONCILE_TASK,
+    VALIDATE_BATCH_TASK,
+    FINALIZE_BATCH_TASK,
+    DELIVER_WEBHOOK_TASK,
+    WEBHOOKS_SWEEP_TASK,
+)
+GPU_QUEUE_PREFIX = "gpu."
+
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+
+
+def var_dir() -> Path:
+    """Local state of a machine with nothing configured: SQLite file, embedded Redis, storage."""
+    return Path(env_str("BATCHERY_VAR_DIR", str(REPO_DIR / "var")))
+
+
+def storage_url() -> str:
+    """Batchery's own storage: shard inputs, attempts, outputs and the published catalog."""
+    return env_str("BATCHERY_STORAGE_URL", (var_dir() / "storage").as_uri())
+
+
+def broker_url() -> str:
+    return env_str("CELERY_BROKER_URL", DEFAULT_BROKER_URL)
+
+
+def result_backend_url() -> str:
+    return env_str("CELERY_RESULT_BACKEND", broker_url())
+
+
+def progress_redis_url() -> str:
+    """Live progress counters live in Redis: the result backend's, or the broker's if that is Redis."""
+    explicit = env_str("BATCHERY_PROGRESS_REDIS_URL")
+    if explicit:
+        return explicit
+    for url in (result_backend_url(), broker_url()):
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            return url
+    return DEFAULT_BROKER_URL
+
+
+def declared_queues() -> list[str]:
+    """The control queue and the GPU queues this site runs (`BATCHERY_GPU_QUEUES`, default gpu.cpu)."""
+    return [CONTROL_QUEUE, *env_list("BATCHERY_GPU_QUEUES", [f"{GPU_QUEUE_PREFIX}cpu"])]
+
+
+def message_priority(tenant_priority: int) -> int:
+    """The broker priority of a tenant's shards: tenants rank 0 (lowest) to 9 (highest); the Redis
+    transport serves 0 first, so the scale is turned round."""
+    return 9 - max(0, min(9, tenant_priority))
+
+
+def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
+    """`gpu.<class>` for one GPU, `gpu.<class>.x<N>` for replicas that span N GPUs."""
+    name = f"{GPU_QUEUE_PREFIX}{gpu_class}"
+    return name if gpus_per_replica == 1 else f"{name}.x{gpus_per_replica}"
+
+
+def queue_readings(queue: str) -> list[tuple[str, int]]:
+    """Every (GPU class, GPUs a replica) whose `gpu_queue` is `queue`, the plain class first: a class
+    may itself be named like a size suffix (`a100.x2`). Empty for the control queue."""
+    if not queue.startswith(GPU_QUEUE_PREFIX):
+        return []
+    name = queue.removeprefix(GPU_QUEUE_PREFIX)
+    head, _, size = name.rpartition(".x")
+    candidates = [(name, 1), *([(head, int(size))] if head and size.isdigit() else [])]
+    return [reading for reading in candidates if gpu_queue(*reading) == queue]
+
+
+def queue_gpu_class(queue: str) -> str:
+    """The GPU class a queue serves (`gpu.h100-80gb.x2` -> `h100-80gb`); "" for the control queue."""
+    readings = queue_readings(queue)
+    return readings[-1][0] if readings else ""
+
+
+# The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis
+# hands an unacknowledged shard to a second worker while the first is still running it.
+SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=2)
+VISIBILITY_TIMEOUT_S = env_int("BATCHERY_VISIBILITY_TIMEOUT_S", SHARD_HARD_TIME_LIMIT_S + 600, minimum=3)
+if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
+    raise ImproperlyConfiguredEnv(
+        f"BATCHERY_VISIBILITY_TIMEOUT_S={VISIBILITY_TIMEOUT_S} must exceed the shard time limit "
+        f"({SHARD_HARD_TIME_LIMIT_S} s), or a running shard is handed to a second worker"
+    )
+# Planning and merging read and write whole inputs and outputs, minutes for a large one: their limit
+# is their own, not the shard's, which a site may set short (the tests' stacks set 20 s).
+CONTROL_HARD_TIME_LIMIT_S = env_int("BATCHERY_CONTROL_TIME_LIMIT_S", 3600, minimum=10)
+CONTROL_SOFT_TIME_LIMIT_S = max(CONTROL_HARD_TIME_LIMIT_S - 60, CONTROL_HARD_TIME_LIMIT_S // 2)
+# On SIGTERM a slot's worker (the launcher remaps it to Celery's soft shutdown) lets its running
+# shard go on this long, then stops it; the message goes back to the queue. By default a shard may
+# finish; an orchestrator with a short grace period sets it shorter.
+SOFT_SHUTDOWN_S = env_int("BATCHERY_SOFT_SHUTDOWN_S", SHARD_HARD_TIME_LIMIT_S, minimum=0)
+RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
+# A pool process preloads its models (`launch --preload`) before it tells its worker it is up; Celery
+# kills one that stays silent past its default of 4 s, and a real model takes a minute to load.
+PROCESS_START_TIMEOUT_S = env_int("BATCHERY_PROCESS_START_TIMEOUT_S", 900, minimum=4)
+TASK_EVENTS = env_bool("BATCHERY_TASK_EVENTS", False)
+
+
+def celery_settings() -> dict[str, object]:
+    """The Celery settings every process uses, as lowercase setting names."""
+    return {
+        "broker_url": broker_url(),
+        "result_backend": result_backend_url(),
+        "broker_connection_retry_on_startup": True,
+        # Ten priority levels (Redis emulates them with one list per level; 0 is served first). A
+        # worker consuming several queues takes them in turn: kombu's "priority" order would serve
+        # the first queue for as long as it holds messages and starve the others.
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "priority_steps": list(range(10)),
+            "queue_order_strategy": "round_robin",
+        },
+        "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        "result_expires": RESULT_EXPIRES_S,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        # At-least-once: a message is acknowledged only after its task ran, and a worker that dies
+        # mid-task gives the message back. Output commits make the second run harmless.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A cold shutdown (SIGQUIT; SIGTERM for slots, see the launcher) first gives running tasks
+        # this long, then stops them; acks_late puts their messages back.
+        "worker_soft_shutdown_timeout": float(SOFT_SHUTDOWN_S),
+        "worker_proc_alive_timeout": float(PROCESS_START_TIMEOUT_S),
+        "task_time_limit": SHARD_HARD_TIME_LIMIT_S,
+        "task_soft_time_limit": max(SHARD_HARD_TIME_LIMIT_S - 60, SHARD_HARD_TIME_LIMIT_S // 2),
+        # No STARTED state in the result backend: nothing reads it (a shard's live attempt is its lease,
+        # Flower has the task-started event), and writing it costs every task a round trip before it runs.
+        "task_track_started": False,
+        # Task events feed Flower and nothing else: a publish for each of sent, received, started and succeeded,
+        # for a shard's task and for its callback, cost a one-record shard 8 Redis commands of its 73. Flower
+        # turns them on in running workers itself (`enable_events`, every 5 s); this sends them from the start,
+        # the publishers' task-sent events too.
+        "task_send_sent_event": TASK_EVENTS,
+        "worker_send_task_events": TASK_EVENTS,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_queues": tuple(Queue(name, Exchange(name), routing_key=name) for name in declared_queues()),
+        # Queues of GPU classes not listed in BATCHERY_GPU_QUEUES are created when first routed to.
+        "task_create_missing_queues": True,
+        "task_routes": {name: {"queue": CONTROL_QUEUE} for name in CONTROL_TASKS},
+        "beat_schedule": {
+            "reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": float(RECONCILE_INTERVAL_S),
+                # A reconcile that waited longer than its interval is stale; the next one replaces it.
+                "options": {"expires": float(RECONCILE_INTERVAL_S)},
+            },
+            # Webhook retries delayed past the task's countdown bound, and deliveries whose message was lost.
+            "webhooks-sweep": {
+                "task": WEBHOOKS_SWEEP_TASK,
+                "schedule": float(WEBHOOKS_SWEEP_INTERVAL_S),
+                "options": {"expires": float(WEBHOOKS_SWEEP_INTERVAL_S)},
+            },
+        },
+        "worker_hijack_root_logger": False,
+    }
+
+
+# Attempts of a shard that end in a dead worker before it is re-run range by range, with
+# checkpoints, to find the records that kill the worker ("poison records").
+SHARD_ATTEMPTS_BEFORE_BISECT = env_int("BATCHERY_SHARD_ATTEMPTS_BEFORE_BISECT", 3, minimum=1)
+# Past this many attempts, whatever range is still killing the worker is given up as poison.
+SHARD_MAX_ATTEMPTS = env_int("BATCHERY_SHARD_MAX_ATTEMPTS", 40, minimum=2)
+# Times a shard may be dispatched (lost messages, timeouts) before it fails for good.
+SHARD_MAX_DISPATCHES = env_int("BATCHERY_SHARD_MAX_DISPATCHES", 8, minimum=1)
+RECONCILE_INTERVAL_S = env_int("BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1)
+WEBHOOKS_SWEEP_INTERVAL_S = 60

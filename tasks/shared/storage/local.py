@@ -1,0 +1,100 @@
+"""`file://` storage: a directory tree on a local or shared file system.
+
+Writes go to a temporary file in the same directory and are renamed into place, so a reader never
+sees half an object; `put_if_absent` uses an exclusive create (O_EXCL), which is atomic on POSIX.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import unquote, urlparse
+
+from tasks.shared.storage.base import StorageError
+
+
+def path_of(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        raise StorageError(f"not a file:// URI: {uri}")
+    if parsed.netloc not in ("", "localhost"):
+        raise StorageError(f"file:// URIs must be local paths (file:///...), got host {parsed.netloc!r}")
+    return Path(unquote(parsed.path))
+
+
+class LocalStore:
+    def open_read(self, uri: str) -> BinaryIO:
+        path = path_of(uri)
+        try:
+            return path.open("rb")
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {uri}") from None
+        except IsADirectoryError:
+            raise StorageError(f"{uri} is a directory, not a file") from None
+        except PermissionError:
+            raise StorageError(f"permission denied reading {uri}") from None
+
+    @contextmanager
+    def open_write(self, uri: str) -> Iterator[BinaryIO]:
+        path = path_of(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, path)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+
+    def put_if_absent(self, uri: str, data: bytes) -> bool:
+        path = path_of(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write the body beside the target, then hard-link it into place: link() fails if the
+        # target exists, so exactly one writer wins and no reader sees a partial marker.
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(tmp_name, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+
+    def read_bytes(self, uri: str) -> bytes:
+        with self.open_read(uri) as handle:
+            return handle.read()
+
+    def exists(self, uri: str) -> bool:
+        return path_of(uri).is_file()
+
+    def size(self, uri: str) -> int:
+        try:
+            return path_of(uri).stat().st_size
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {uri}") from None
+
+    def list_prefix(self, uri: str) -> Iterator[str]:
+        root = path_of(uri)
+        if not root.is_dir():
+            return
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+            yield path.as_uri()
+
+    def delete_prefix(self, uri: str) -> None:
+        path = path_of(uri)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,103 @@
+"""Slot heartbeats: each slot's worker process writes its state to Redis with a TTL.
+
+The portal lists the fleet from these keys; a slot that dies stops renewing and drops out within
+one TTL. Only processes started by the launcher (which sets BATCHERY_SLOT) send heartbeats. A beat
+names the slot's Celery worker and queue (BATCHERY_WORKER_NAME, BATCHERY_QUEUE, also set by the
+launcher) so that operators can drain it; a drained worker is marked under `draining_key`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+
+from gpuworkers.cache import process_cache
+from gpuworkers.telemetry import gpu_telemetry
+from tasks.shared.fleet import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
+from tasks.shared.redis_client import redis_client
+from tasks.slot import state as slot_state
+
+logger = logging.getLogger(__name__)
+
+_stop = threading.Event()
+
+
+def _devices() -> list[int]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(part) for part in visible.split(",") if part.strip().isdigit()]
+
+
+def slot_heartbeat() -> dict[str, Any]:
+    gpus = _devices()
+    return {
+        "host": socket.gethostname(),
+        "slot": os.environ.get("BATCHERY_SLOT", ""),
+        "gpu_class": os.environ.get("BATCHERY_GPU_CLASS", ""),
+        "gpus": gpus,
+        "pid": os.getpid(),
+        "worker": os.environ.get("BATCHERY_WORKER_NAME", ""),
+        "queue": os.environ.get("BATCHERY_QUEUE", ""),
+        "loaded_models": [f"{name}@{version}" for name, version in process_cache().resident()],
+        "current_shard": slot_state.current_shard,
+        "telemetry": gpu_telemetry(gpus),
+        "at": time.time(),
+    }
+
+
+def _beat(key: str) -> None:
+    while True:
+        try:
+            beat = slot_heartbeat()
+            pipe = redis_client().pipeline(transaction=False)
+            pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
+            pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+            pipe.execute()
+        except redis.RedisError as exc:
+            logger.warning("heartbeat not sent: %s", exc)
+        if _stop.wait(HEARTBEAT_INTERVAL_S):
+            return
+
+
+@worker_process_init.connect
+def start_heartbeat(**_: Any) -> None:
+    slot = os.environ.get("BATCHERY_SLOT")
+    if slot is None:
+        return
+    key = heartbeat_key(socket.gethostname(), slot)
+    threading.Thread(target=_beat, args=(key,), name="heartbeat", daemon=True).start()
+
+
+@worker_ready.connect
+def clear_draining_mark(**_: Any) -> None:
+    """A slot worker that (re)starts consumes its queue again, whatever an earlier drain said."""
+    worker = os.environ.get("BATCHERY_WORKER_NAME")
+    if not worker:
+        return
+    try:
+        redis_client().delete(draining_key(worker))
+    except redis.RedisError as exc:
+        logger.warning("draining mark of %s not cleared: %s", worker, exc)
+
+
+@worker_process_shutdown.connect
+def stop_heartbeat(**_: Any) -> None:
+    slot = os.environ.get("BATCHERY_SLOT")
+    if slot is None:
+        return
+    _stop.set()
+    key = heartbeat_key(socket.gethostname(), slot)
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.delete(key)
+        pipe.hdel(LAST_SEEN_KEY, key)
+        pipe.execute()
+    except redis.RedisError:
+        return
