@@ -6,14 +6,13 @@ from typing import Any
 
 from django.dispatch import receiver
 
+from portal.batches.models import Batch
 from portal.jobs.signals import job_ended
+from tasks import send
 
 
 @receiver(job_ended)
 def finalize_batch_of_job(sender: Any, job_id: str, status: str, **kwargs: Any) -> None:
-    from portal.batches.models import Batch
-    from tasks.control.finalize_batch import finalize_batch
-
     batch_id = Batch.objects.filter(job_id=job_id).values_list("id", flat=True).first()
     if batch_id is not None:
-        finalize_batch.delay(batch_id)
+        send.send_batch_finalize(batch_id)

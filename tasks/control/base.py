@@ -18,12 +18,6 @@ from tasks.shared.config import CONTROL_HARD_TIME_LIMIT_S, CONTROL_SOFT_TIME_LIM
 logger = logging.getLogger("batchery.control")
 
 
-class SharedWorkError(Exception):
-    """A control task failed at work that it shares with other jobs (a batch of several jobs' shard
-    endings): no one job is to blame, so its failure fails no job, whatever `fails_job_from` says;
-    that work is left to its owner (the reconciler's sweep settles shards left `dispatched`)."""
-
-
 def ensure_django() -> None:
     import django
     from django.apps import apps
@@ -61,7 +55,8 @@ class ControlTask(Task):
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Every control task takes the job id first; a job must never be left without an ending.
         logger.error("control task %s[%s] failed: %r args=%r", self.name, task_id, exc, args)
-        if isinstance(exc, SharedWorkError):
+        # Work shared with other jobs (a batch of several jobs' shard endings): no one job is to blame.
+        if getattr(exc, "fails_no_job", False):
             return
         job_id = kwargs.get("job_id") or (args[0] if args else None)
         if job_id is None or not self.fails_job_from:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import FINALIZE_BATCH_TASK
 
 
-@app.task(name="batchery.finalize_batch", base=ControlTask)
+@app.task(name=FINALIZE_BATCH_TASK, base=ControlTask)
 def finalize_batch(batch_id: str) -> bool:
     from portal.batches.services.batches import batch_finalize
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import MERGE_TASK
 
 
 @app.task(
-    name="batchery.merge_job",
+    name=MERGE_TASK,
     base=ControlTask,
     bind=True,
     fails_job_from=frozenset({"running", "merging", "cancelling"}),

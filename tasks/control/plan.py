@@ -6,9 +6,10 @@ from typing import Any
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import PLAN_TASK
 
 
-@app.task(name="batchery.plan_job", base=ControlTask, bind=True, fails_job_from=frozenset({"queued", "planning"}))
+@app.task(name=PLAN_TASK, base=ControlTask, bind=True, fails_job_from=frozenset({"queued", "planning"}))
 def plan_job(self: Any, job_id: str) -> None:
     from portal.jobs.services.plan import job_plan
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import RECONCILE_TASK
 
 
-@app.task(name="batchery.reconcile", base=ControlTask)
+@app.task(name=RECONCILE_TASK, base=ControlTask)
 def reconcile() -> dict[str, int]:
     from portal.jobs.services.reconcile import jobs_reconcile
 

@@ -13,10 +13,11 @@ from celery.utils.time import get_exponential_backoff_interval
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import SHARDS_ENDED_TASK
 
 
 @app.task(
-    name="batchery.shard_done",
+    name=SHARDS_ENDED_TASK,
     base=ControlTask,
     bind=True,
     ignore_result=True,

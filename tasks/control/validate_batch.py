@@ -7,6 +7,7 @@ from typing import Any
 
 from tasks.app import app
 from tasks.control.base import ControlTask
+from tasks.shared.config import VALIDATE_BATCH_TASK
 from tasks.shared.storage import TransientStorageError
 
 
@@ -29,7 +30,7 @@ class ValidateBatchTask(ControlTask):
         batch_validation_fail(batch_id=str(batch_id), errors={"object": "list", "data": [error]})
 
 
-@app.task(name="batchery.validate_batch", base=ValidateBatchTask, bind=True)
+@app.task(name=VALIDATE_BATCH_TASK, base=ValidateBatchTask, bind=True)
 def validate_batch(self: Any, batch_id: str) -> bool:
     from portal.batches.services.validation import batch_validate
 

@@ -25,13 +25,13 @@ from celery.apps import worker as celery_worker
 from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
 
 from gpuworkers.logs import bind_log_context, clear_log_context, configure_logging, json_line, log_format
-from tasks.shared.config import SHARD_TASK, WAVE_TASK
+from tasks.shared.config import FINALIZE_BATCH_TASK, MERGE_TASK, PLAN_TASK, SHARD_TASK, WAVE_TASK
 
 # Control tasks whose first argument names what they work on.
 ID_ARGUMENT = {
-    "batchery.plan_job": "job_id",
-    "batchery.merge_job": "job_id",
-    "batchery.finalize_batch": "batch_id",
+    PLAN_TASK: "job_id",
+    MERGE_TASK: "job_id",
+    FINALIZE_BATCH_TASK: "batch_id",
 }
 
 

@@ -9,9 +9,10 @@ import time
 from typing import Any
 
 from tasks.app import app
+from tasks.shared.config import SLOT_INFO_TASK
 
 
-@app.task(name="batchery.slot_info", bind=True)
+@app.task(name=SLOT_INFO_TASK, bind=True)
 def slot_info(self: Any, pause_s: float = 0.0) -> dict[str, Any]:
     # A pause keeps the slot busy, so that several calls spread over several slots.
     time.sleep(pause_s)

@@ -37,6 +37,7 @@ from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError
 from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
+from tasks import send
 from tasks.shared.storage import join_uri, store_for
 
 logger = logging.getLogger(__name__)
@@ -136,10 +137,8 @@ def batch_create(
 
 
 def _send_validation(batch_id: str) -> None:
-    from tasks.control.validate_batch import validate_batch
-
     try:
-        validate_batch.apply_async((batch_id,), task_id=validation_task_id(batch_id))
+        send.send_batch_validation(batch_id, task_id=validation_task_id(batch_id))
     except Exception:
         # The batch is committed: the reconciler sends its validation once it has waited too long.
         logger.warning("validation of batch %s not enqueued; the reconciler sends it", batch_id, exc_info=True)

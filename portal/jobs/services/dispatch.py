@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from celery import chord, group
 from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
 
 from portal.jobs.models import Job, Shard
 from portal.jobs.services.storage_layout import job_root, pause_marker_uri
-from tasks.shared.config import CONTROL_QUEUE, SHARD_HARD_TIME_LIMIT_S, gpu_queue, message_priority
+from tasks import send
+from tasks.shared.config import SHARD_HARD_TIME_LIMIT_S, gpu_queue, message_priority
 from tasks.shared.formats.records import input_field_for
 from tasks.shared.specs import ShardSpec
 
@@ -61,9 +61,6 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     naming the wave's shards, which reports their endings to the queue's inbox (`finished_inbox`),
     settled in batches; see `portal.jobs.services.scheduler`.
     """
-    from tasks.control.shard_done import shard_done
-    from tasks.slot.run_shard import run_shard, run_shards
-
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
     size = 1 if copies else max(1, wave)
@@ -74,22 +71,23 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
         if len(members) == 1:
             [spec], [(soft, hard)] = specs, limits
             task_id = members[0].speculative_task_id if copies else members[0].task_id
-            header = run_shard.signature((spec,), task_id=task_id, argsrepr=repr(shard_named(spec)))
+            header = send.shard_signature(
+                spec,
+                task_id=task_id,
+                argsrepr=repr(shard_named(spec)),
+                limits=send.ShardLimits(queue, priority, soft, hard),
+            )
         else:
             # Each shard keeps its own soft limit inside the wave; the wave's are the sum, a backstop.
             hard = min(sum(shard_hard for _, shard_hard in limits), float(SHARD_HARD_TIME_LIMIT_S))
-            soft = hard * 0.9
             named = ({"job_id": str(job.id), "shard_indexes": [shard.index for shard in members]},)
-            header = run_shards.signature(
-                ([[shard.task_id, spec, limit[0]] for shard, spec, limit in zip(members, specs, limits, strict=True)],),
+            header = send.wave_signature(
+                [[shard.task_id, spec, limit[0]] for shard, spec, limit in zip(members, specs, limits, strict=True)],
                 task_id=wave_task_id(members[0].task_id),
                 argsrepr=repr(named),
+                limits=send.ShardLimits(queue, priority, hard * 0.9, hard),
             )
-        header.set(queue=queue, priority=priority, soft_time_limit=soft, time_limit=hard, kwargsrepr="{}")
-        done = (str(job.id), [shard.index for shard in members], queue)
-        callback = shard_done.signature(done, immutable=True, queue=CONTROL_QUEUE, argsrepr=repr(done), kwargsrepr="{}")
-        callback.on_error(callback.clone())
-        chord(group([header]), callback).apply_async()
+        send.send_shard_chord(header, job_id=str(job.id), shard_indexes=[shard.index for shard in members], queue=queue)
 
 
 def wave_task_id(first_task_id: str) -> str:

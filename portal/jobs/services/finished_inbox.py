@@ -26,7 +26,6 @@ import redis
 from django.db import InterfaceError, OperationalError
 
 from portal.jobs.services.scheduler import Ending, shards_finished
-from tasks.control.base import SharedWorkError
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -39,8 +38,12 @@ DRAIN_LOCK_TTL_S = 120
 """A drainer that died lets go after this; a live one settles a batch in far less."""
 
 
-class BatchNotSettled(SharedWorkError):
+class BatchNotSettled(Exception):
     """Settling a batch of a queue's shard endings failed; the endings are back in its inbox."""
+
+    fails_no_job = True
+    """The batch held several jobs' endings: its control task fails none of them (`ControlTask.on_failure`);
+    the reconciler's sweep settles whatever stays `dispatched`."""
 
     def __init__(self, queue: str, endings: int, transient: bool) -> None:
         # Positional, so that the exception pickles whole.

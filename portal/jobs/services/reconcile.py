@@ -43,6 +43,7 @@ from portal.jobs.services.settle import Settled, shard_settle
 from portal.jobs.services.stop import job_expire
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.sweeps import reconcile_sweep_record
+from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
 from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
 from tasks.shared.env import env_int
@@ -95,8 +96,6 @@ def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
 
 
 def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
-    from tasks.control.plan import plan_job
-
     for job in Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.PLANNING]):
         if not _stale(job, now) or lease_holder(job_lease_key("plan", str(job.id))) is not None:
             continue
@@ -104,7 +103,7 @@ def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileRep
         if view is not None and _plan_task_id(str(job.id)) in view:
             continue
         logger.warning("job %s stalled in %s; sending planning again", job.id, job.status)
-        plan_job.apply_async((str(job.id),), task_id=_plan_task_id(str(job.id)), queue=CONTROL_QUEUE)
+        send.send_plan(str(job.id), task_id=_plan_task_id(str(job.id)))
         report.planned += 1
 
 
@@ -112,8 +111,6 @@ def _revalidate_stalled(now: dt.datetime, pending: PendingView, report: Reconcil
     """Send validation again for batches left `validating`: their message was never sent (broker down at
     the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
     message back only after the visibility timeout, an hour, and never one that was not sent."""
-    from tasks.control.validate_batch import validate_batch
-
     for batch_id in batches_validation_stalled(now=now):
         if lease_holder(validation_lease_key(batch_id)) is not None:
             continue
@@ -127,7 +124,7 @@ def _revalidate_stalled(now: dt.datetime, pending: PendingView, report: Reconcil
             batch_id,
             settings.BATCHERY_BATCH_VALIDATION_RESEND_S,
         )
-        validate_batch.apply_async((batch_id,), task_id=validation_task_id(batch_id), queue=CONTROL_QUEUE)
+        send.send_batch_validation(batch_id, task_id=validation_task_id(batch_id))
         report.revalidated += 1
 
 
@@ -164,8 +161,6 @@ def _unattended(job: Job, now: dt.datetime) -> list[Shard]:
 
 
 def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
-    from tasks.control.merge import merge_job
-
     lost = []
     for shard in _unattended(job, now):
         settled = shard_settle(job, shard)
@@ -182,7 +177,7 @@ def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: Reconci
     unsettled = job.shards.filter(round=job.retry_round, status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED])
     if not unsettled.exists() and lease_holder(job_lease_key("merge", str(job.id))) is None:
         # The last shard's callback may be on its way; a second merge of the same job does nothing.
-        merge_job.apply_async((str(job.id),), task_id=_merge_task_id(str(job.id)), queue=CONTROL_QUEUE)
+        send.send_merge(str(job.id), task_id=_merge_task_id(str(job.id)))
         report.merged += 1
 
 
@@ -205,8 +200,6 @@ def _sweep_running(now: dt.datetime, pending: PendingView, report: ReconcileRepo
 
 
 def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
-    from tasks.control.merge import merge_job
-
     stalled = Job.objects.filter(Q(status=JobStatus.MERGING) | Q(status=JobStatus.CANCELLING))
     for job in stalled:
         if not _stale(job, now) or lease_holder(job_lease_key("merge", str(job.id))) is not None:
@@ -214,7 +207,7 @@ def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
         stop = "cancelled" if job.status == JobStatus.CANCELLING else None
         if job.status == JobStatus.MERGING and job.deadline_at is not None and job.deadline_at <= now:
             stop = "expired"
-        merge_job.apply_async((str(job.id),), {"stop": stop}, queue=CONTROL_QUEUE)
+        send.send_merge(str(job.id), stop=stop)
         report.finalized += 1
 
 

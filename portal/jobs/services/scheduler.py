@@ -51,7 +51,8 @@ from portal.scheduling.costs import shard_cost_estimate
 from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
 from portal.scheduling.usage import usage_charge, usage_read
 from portal.webhooks.services.events import webhook_jobs_progress
-from tasks.shared.config import CONTROL_QUEUE, SHARD_MAX_DISPATCHES
+from tasks import send
+from tasks.shared.config import SHARD_MAX_DISPATCHES
 
 logger = logging.getLogger(__name__)
 
@@ -400,6 +401,4 @@ def _merge_here(job_id: str) -> None:
 
 
 def _send_merge(job_id: str) -> None:
-    from tasks.control.merge import merge_job
-
-    merge_job.apply_async((job_id,), queue=CONTROL_QUEUE)
+    send.send_merge(job_id)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from portal.audit.services import audit_record
 from portal.jobs.models import Job, JobStatus, ShardStatus
 from portal.jobs.services.transitions import job_transition
-from tasks.shared.config import CONTROL_QUEUE
+from tasks import send
 from tasks.shared.stops import request_stop
 
 logger = logging.getLogger(__name__)
@@ -33,19 +33,15 @@ class CannotStop(Exception):
 def shards_revoke(job: Job) -> None:
     """Revoke the job's sent shards, so that a worker discards those still queued; the job's stop
     flag stops the running ones."""
-    from tasks.app import app
-
     task_ids = list(job.shards.filter(status=ShardStatus.DISPATCHED).values_list("task_id", flat=True))
     if task_ids:
         # Revoked ids are kept by every worker and discarded on arrival; the stop flag covers a
         # worker that missed the broadcast.
-        app.control.revoke(task_ids)
+        send.revoke(task_ids)
 
 
 def _finalize(job_id: str, stop: str) -> None:
-    from tasks.control.merge import merge_job
-
-    transaction.on_commit(lambda: merge_job.apply_async((job_id,), {"stop": stop}, queue=CONTROL_QUEUE))
+    transaction.on_commit(lambda: send.send_merge(job_id, stop=stop))
 
 
 def _end_before_running(job_id: str, ending: str) -> bool:

@@ -33,6 +33,7 @@ from portal.jobs.selectors import QuotaUsage, quota_usage
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Quota, Tenant
+from tasks import send
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import LineProblem, input_field_for
@@ -467,13 +468,11 @@ def job_submit(
     )
     checked = _check_input(request.input_uri, input_field=request.input_field, options=request.options)
 
-    from tasks.control.plan import plan_job
-
     job_id = str(uuid.uuid4())
     with transaction.atomic():
         _reserve_quota(tenant, input_bytes=checked.size, records=checked.records)
         job = request.job(checked, job_id=job_id, user=user)
         job.save(force_insert=True)
         JobEvent.objects.create(job=job, status=JobStatus.QUEUED)
-        transaction.on_commit(lambda: plan_job.apply_async((job_id,), task_id=f"plan-{job_id}"))
+        transaction.on_commit(lambda: send.send_plan(job_id, task_id=f"plan-{job_id}"))
     return job

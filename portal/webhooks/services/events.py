@@ -23,7 +23,7 @@ from portal.batches.selectors import batch_status
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_progress, jobs_live_progress
 from portal.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tasks.control.webhooks import deliver_webhook
+from tasks import send
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def webhook_event_emit(*, tenant_id: int, event_type: str, data: dict[str, Any])
 def _send(delivery_ids: list[int]) -> None:
     try:
         for delivery_id in delivery_ids:
-            deliver_webhook.delay(delivery_id)
+            send.send_webhook_delivery(delivery_id)
     except Exception:
         # The rows are committed: the sweep (`webhooks_sweep`) sends what no message carried.
         logger.warning("webhook deliveries %s not enqueued; the sweep sends them", delivery_ids, exc_info=True)

@@ -21,7 +21,9 @@ from portal.jobs.models import Job
 from portal.jobs.services.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.services.stop import CannotStop
 from portal.tenancy.models import Quota, Tenant
+from tasks.app import app
 from tasks.control.validate_batch import validate_batch
+from tasks.shared.config import VALIDATE_BATCH_TASK
 from tasks.shared.leases import Lease
 from tests.factories import ModelFactory
 
@@ -38,7 +40,15 @@ def validate_off_the_request(settings: Any) -> None:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """The validation messages sent, instead of sending them."""
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    monkeypatch.setattr(validate_batch, "apply_async", lambda args, **options: calls.append((args, options)))
+    send_task = app.send_task
+
+    def record(name: str, args: tuple[Any, ...] = (), kwargs: Any = None, **options: Any) -> Any:
+        if name != VALIDATE_BATCH_TASK:
+            return send_task(name, args, kwargs, **options)
+        calls.append((args, {"task_id": options["task_id"]}))
+        return None
+
+    monkeypatch.setattr(app, "send_task", record)
     return calls
 
 
