@@ -35,9 +35,10 @@ up: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: install
-	$(PY) -m mypy portal tasks gpuworkers
+	$(PY) -m mypy portal tasks gpuworkers bench
 
 test: install lint typecheck
 	$(PY) -m pytest $(PYTEST_MARKERS) $(PYTEST_ARGS)

@@ -66,11 +66,15 @@ INSTALLED_APPS = [
     "portal.catalog",
     "portal.jobs",
     "portal.ops",
+    "portal.devstack",
     "portal.batches",
     "portal.audit",
     "portal.webhooks",
     "portal.web",
 ]
+# The benchmarks (`manage.py bench`) are an app of a checkout; an image leaves the folder out.
+if (BASE_DIR / "bench" / "apps.py").exists():
+    INSTALLED_APPS.append("bench")
 
 MIDDLEWARE = [
     # First and last: django-prometheus times each request from end to end (django_http_* metrics).

@@ -47,7 +47,7 @@ def _configure() -> None:
         if _redis_answers(6379):
             url = f"redis://127.0.0.1:6379/{TEST_REDIS_DB}"
         else:
-            from portal.ops.embedded import start_embedded_redis
+            from portal.devstack.embedded import start_embedded_redis
 
             redis = start_embedded_redis(var_dir / "redis")
             atexit.register(redis.stop)

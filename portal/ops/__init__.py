@@ -1,1 +1,1 @@
-"""Operating Batchery: the `up`, `submit`, `tenant` and `demo` commands and the embedded services."""
+"""Operating the fleet: slots and draining, Flower, and the platform's Prometheus metrics."""

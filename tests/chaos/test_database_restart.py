@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 from tests.chaos.conftest import ARTIFACTS, RESULTS, scale, wait_consuming
 from tests.support.chaos import CHAOS_ENV, ChaosResult, ChaosStack, read_jsonl, wait_for, write_records
 from tests.support.postgres import PrivatePostgres, available

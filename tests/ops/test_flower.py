@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 from portal.ops.flower import FlowerConfigError, flower_launch, is_loopback
 from tests.ops.conftest import UpProcess, stop_process_group
 

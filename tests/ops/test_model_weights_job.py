@@ -19,8 +19,8 @@ import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from portal.devstack.embedded import free_port
 from portal.jobs.models import Job
-from portal.ops.embedded import free_port
 from tests.factories import ModelFactory
 from tests.ops.conftest import Launcher, wait_slots
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from celery import Celery
 
-from portal.ops.stack import StackOptions
+from portal.devstack.stack import StackOptions
 from tests.ops.conftest import UpProcess, stop_process_group
 
 pytestmark = pytest.mark.slow

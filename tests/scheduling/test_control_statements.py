@@ -145,8 +145,8 @@ def test_the_planner_of_a_job_planned_for_the_first_time_does_not_look_for_earli
 def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_endpoints_once(
     gpu_class: Any, tmp_path: Path
 ) -> None:
+    from bench.reconcile import write_commit
     from portal.jobs.services.scheduler import shards_finished
-    from portal.ops.bench_reconcile import write_commit
 
     job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED])
     Job.objects.filter(pk=job.pk).update(errors_uri=(tmp_path / "errors.jsonl").as_uri())

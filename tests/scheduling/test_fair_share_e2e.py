@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.fairness import busy_seconds, slot_busy_fractions
 from portal.jobs.models import JobStatus
-from portal.ops.bench_fairness import busy_seconds, slot_busy_fractions
 from tests.factories import TenantFactory
 from tests.scheduling.conftest import (
     HALF_LIFE_S,

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.reconcile import write_commit
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services import scheduler
 from portal.jobs.services.scheduler import schedule_queue, shard_finished
-from portal.ops.bench_reconcile import write_commit
 from tasks.shared.config import gpu_queue
 from tests.factories import ModelFactory, TenantFactory
 

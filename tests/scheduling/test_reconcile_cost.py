@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from bench.reconcile import count_storage_requests, hold_leases, simulate_running_jobs, write_commit
 from portal.jobs.models import Job, ShardStatus
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
-from portal.ops.bench_reconcile import count_storage_requests, hold_leases, simulate_running_jobs, write_commit
 from portal.scheduling import capacity
 from tasks.shared.config import gpu_queue
 from tasks.shared.redis_client import redis_client

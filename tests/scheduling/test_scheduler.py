@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from bench.reconcile import write_commit
 from portal.catalog.models import ModelThroughput
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services import scheduler
@@ -25,7 +26,6 @@ from portal.jobs.services.finished_inbox import (
 )
 from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
-from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
 from portal.scheduling.usage import usage_read
 from portal.tenancy.models import FairShareUsage

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from bench.reconcile import write_commit
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.dispatch import wave_task_id
 from portal.jobs.services.scheduler import schedule_queue
-from portal.ops.bench_reconcile import write_commit
 from portal.scheduling import capacity
 from tasks.app import app
 from tasks.shared.config import gpu_queue

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psutil
 
-from portal.ops.embedded import EmbeddedRedis, start_embedded_redis
+from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
 from tasks.shared.storage import store_for
 from tests.support.workers import REPO, WorkerProcess, start_worker
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 

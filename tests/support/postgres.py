@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 
 
 def _bin_dir() -> Path | None:

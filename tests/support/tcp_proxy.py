@@ -13,7 +13,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 
 CHUNK = 64 * 1024
 

@@ -14,7 +14,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 from tasks.shared.storage import S3Store, StorageError, TransientStorageError, s3, store_for
 from tasks.shared.storage.s3 import MIN_PART_BYTES, _storage_error, parse_s3_uri
 

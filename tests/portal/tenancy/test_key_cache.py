@@ -9,7 +9,7 @@ import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from portal.ops.embedded import free_port
+from portal.devstack.embedded import free_port
 from portal.tenancy import key_cache
 from portal.tenancy.access import access_for_key
 from portal.tenancy.apikeys import apikey_authenticate, apikey_create, apikey_revoke

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from portal.ops.bench_parquet import render_parquet, run_parquet_bench
+from bench.parquet import render_parquet, run_parquet_bench
 
 
 def test_the_parquet_bench_merges_both_ways_and_finds_the_same_rows() -> None:

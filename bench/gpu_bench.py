@@ -8,8 +8,8 @@ when nvidia-ml-py is installed. A ratio at or above 1 means the platform's loop 
 
 On a GPU host, from the repository root, with the project's virtualenv:
 
-    python deploy/gpu_bench.py --model-dir /models/some-causal-lm --records 2000
-    python deploy/gpu_bench.py --model-dir /tmp/tiny-lm --records 512   # builds a tiny GPT-2 there first
+    python -m bench.gpu_bench --model-dir /models/some-causal-lm --records 2000
+    python -m bench.gpu_bench --model-dir /tmp/tiny-lm --records 512   # builds a tiny GPT-2 there first
 
 A directory without ``config.json`` gets the tests' tiny GPT-2 built into it. Exits 2 without CUDA.
 With ``--vllm`` it also times the vllm engine over the same prompts with one set of params, with each

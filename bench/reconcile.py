@@ -119,7 +119,7 @@ def _model() -> Model:
         defaults={
             "engine": Model.Engine.PYTHON,
             "task": Model.Task.CLASSIFY,
-            "source": "portal.ops.bench_models:sleep_factory",
+            "source": "bench.engines:sleep_factory",
             "gpu_class": gpu_class,
             "is_default": False,
         },

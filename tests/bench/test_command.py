@@ -12,8 +12,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from portal.ops.management.commands.bench import PARTS, Command, rerun_line, sentence_counts, shared_broker
-from portal.ops.stack import repoint_celery_app
+from bench.management.commands.bench import PARTS, Command, rerun_line, sentence_counts, shared_broker
+from portal.devstack.stack import repoint_celery_app
 from tasks.app import app
 
 

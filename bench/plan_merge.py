@@ -47,6 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from portal.catalog.models import Model
+from portal.devstack.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard
 from portal.jobs.services.dispatch import shard_spec
 from portal.jobs.services.merge import job_merge
@@ -54,7 +55,6 @@ from portal.jobs.services.plan import job_plan
 from portal.jobs.services.settle import shard_record_success
 from portal.jobs.services.storage_layout import errors_uri, job_prefix, output_uri
 from portal.jobs.services.submit import normalize_input_uri
-from portal.ops.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.config import REPO_DIR, progress_redis_url
 from tasks.shared.specs import ShardManifest
@@ -77,7 +77,7 @@ IN_MEMORY_BROKER = "memory://localhost/"
 # The child starts the way a control worker does: Django set up, then the service is called.
 CHILD_BOOT = (
     "import sys; from tasks.control.base import ensure_django; ensure_django(); "
-    "from portal.ops.bench_io import child_main; child_main(sys.argv[1:])"
+    "from bench.plan_merge import child_main; child_main(sys.argv[1:])"
 )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from portal.ops.embedded import EmbeddedRedis, start_embedded_redis
+from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The cost of a slot's metrics for one shard, timed in a process of its own (`make bench`).
 
-`python -m portal.ops.bench_instrumentation SHARDS MICRO_BATCHES` makes, for each of SHARDS shards,
+`python -m bench.instrumentation SHARDS MICRO_BATCHES` makes, for each of SHARDS shards,
 the metric calls `tasks.slot.shard_execution` and the warm cache make for a shard of MICRO_BATCHES
 micro-batches, in prometheus_client's multiprocess mode as under a launcher (a temporary directory
 is set before prometheus_client is imported), and prints the mean seconds per shard. No Django.

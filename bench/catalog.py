@@ -1,4 +1,4 @@
-"""The catalog side of the platform benchmarks: registering a `portal.ops.bench_models` model.
+"""The catalog side of the platform benchmarks: registering a `bench.engines` model.
 
 `bench_models` stays free of Django (the GPU workers import it to run the models); the benches that
 run jobs through those models register them here first.
@@ -15,14 +15,14 @@ from portal.catalog.services import catalog_publish
 
 def bench_model_register(*, name: str, task: str, factory: str, default_params: Mapping[str, Any]) -> Model:
     """Create or update the Python-engine model `name` (version 1) on the `cpu` class, built by the
-    `portal.ops.bench_models` function `factory`, and publish the catalog so that workers see it."""
+    `bench.engines` function `factory`, and publish the catalog so that workers see it."""
     model, _ = Model.objects.update_or_create(
         name=name,
         version="1",
         defaults={
             "engine": Model.Engine.PYTHON,
             "task": task,
-            "source": f"portal.ops.bench_models:{factory}",
+            "source": f"bench.engines:{factory}",
             "gpu_class": GpuClass.objects.get(name="cpu"),
             "default_params": dict(default_params),
             "is_default": False,

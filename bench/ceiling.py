@@ -1,5 +1,5 @@
 """The platform ceiling (`make bench`): jobs through the whole stack with a model that computes
-nothing (`portal.ops.bench_models.ZeroEmbedModel`, a fixed 384-float embedding a record), so that
+nothing (`bench.engines.ZeroEmbedModel`, a fixed 384-float embedding a record), so that
 what remains is Batchery's own cost.
 
 Figures: records per second per slot of a 100,000-record job (submission to merged output, the
@@ -22,14 +22,14 @@ from pathlib import Path
 import orjson
 from django.conf import settings
 
+from bench.catalog import bench_model_register
+from bench.job import timed_job
+from bench.py_spy import Profile, cpu_seconds_of, profile_while, render_profile, tree_cpu_seconds
 from portal.catalog.models import Model
+from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.models import Job
 from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root
-from portal.ops.bench_catalog import bench_model_register
-from portal.ops.bench_job import timed_job
-from portal.ops.bench_profile import Profile, cpu_seconds_of, profile_while, render_profile, tree_cpu_seconds
-from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.storage.local import path_of

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from django.conf import settings
 
+from bench.job import timed_job
+from portal.devstack.embedded import free_port
+from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
-from portal.ops.bench_job import timed_job
-from portal.ops.embedded import free_port
-from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
 
 
@@ -81,9 +81,9 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
 
 def instrumentation_seconds_per_shard(*, micro_batches: int, shards: int = 2000) -> float:
     """Seconds a slot spends on its metrics for one shard, timed in a process of its own (see
-    `portal.ops.bench_instrumentation`: multiprocess mode needs its directory set before import)."""
+    `bench.instrumentation`: multiprocess mode needs its directory set before import)."""
     finished = subprocess.run(
-        [sys.executable, "-m", "portal.ops.bench_instrumentation", str(shards), str(micro_batches)],
+        [sys.executable, "-m", "bench.instrumentation", str(shards), str(micro_batches)],
         env={**os.environ, "BATCHERY_SLOT": "0"},
         capture_output=True,
         text=True,

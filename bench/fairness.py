@@ -1,5 +1,5 @@
 """The fairness benchmark: the scheduler on a simulated fleet (CPU slots, a model that sleeps a
-millisecond a record in place of a GPU, see `portal.ops.bench_models`).
+millisecond a record in place of a GPU, see `bench.engines`).
 
 One table: how long tenant B's 100-record job waits behind tenant A's 100,000-record one and when
 it ends; the GPU-seconds split of tenants weighted 3 and 1 over a busy stretch; the slots' busy
@@ -21,12 +21,12 @@ from pathlib import Path
 import orjson
 from django.conf import settings
 
+from bench.catalog import bench_model_register
 from portal.catalog.models import Model
+from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
 from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import job_submit
-from portal.ops.bench_catalog import bench_model_register
-from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
 

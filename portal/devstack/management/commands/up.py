@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from portal.ops.stack import Stack, StackOptions
+from portal.devstack.stack import Stack, StackOptions
 
 
 class Command(BaseCommand):

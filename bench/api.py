@@ -1,5 +1,5 @@
 """The API under load (`make bench`): 50 concurrent clients reading one job's status and the job
-list from the portal as deployed (gunicorn, `portal.ops.stack`), with 10,000 jobs in the database.
+list from the portal as deployed (gunicorn, `portal.devstack.stack`), with 10,000 jobs in the database.
 
 Each client alternates `GET /api/v1/jobs/{id}/` and `GET /api/v1/jobs/` for `seconds`, waiting
 about `pace_s` between its requests (0: as fast as the portal answers, which measures its capacity: the
@@ -33,11 +33,11 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from bench.py_spy import Profile, profile_while, render_profile, tree_cpu_seconds
 from portal.catalog.models import GpuClass, Model
+from portal.devstack.embedded import free_port
+from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.models import Job, JobStatus
-from portal.ops.bench_profile import Profile, profile_while, render_profile, tree_cpu_seconds
-from portal.ops.embedded import free_port
-from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Tenant
 from portal.tenancy.services import membership_add, tenant_get_or_create
@@ -99,7 +99,7 @@ def _seed(jobs: int) -> tuple[Tenant, str, str]:
             defaults={
                 "engine": Model.Engine.PYTHON,
                 "task": Model.Task.EMBED,
-                "source": "portal.ops.bench_models:zero_embed_factory",
+                "source": "bench.engines:zero_embed_factory",
                 "gpu_class": gpu_class,
                 "enabled": False,
             },

@@ -9,7 +9,7 @@ import time
 import psutil
 from django.conf import settings
 
-from portal.ops.bench_profile import parse_py_spy_raw, render_profile, tree_cpu_seconds
+from bench.py_spy import parse_py_spy_raw, render_profile, tree_cpu_seconds
 
 BASE = settings.BASE_DIR
 

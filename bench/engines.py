@@ -4,7 +4,7 @@
 sleeping stands in for it without using a core, so that a two-core machine can simulate a fleet.
 `sleep_per_record` is a run-time parameter (0: a no-op model, for measuring the platform's own cost
 per shard). `ZeroEmbedModel` answers every record with the same 384-float embedding, computing
-nothing: what a job through it costs is Batchery's own cost (see `portal.ops.bench_ceiling`).
+nothing: what a job through it costs is Batchery's own cost (see `bench.ceiling`).
 """
 
 from __future__ import annotations

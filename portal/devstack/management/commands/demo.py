@@ -12,10 +12,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.catalog.models import Model
+from portal.devstack.demo import write_demo_dataset
+from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
-from portal.ops.demo import write_demo_dataset
-from portal.ops.stack import Stack, StackOptions
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.storage import store_for
 

@@ -5,8 +5,8 @@ Prints records per second of embedding jobs of 6,000, 20,000 and 100,000 sentenc
 through submit, plan, shards on warm workers and merge, and of `model.encode` in batches of 32 on the
 same sentences (the limit: one single-thread process per core), and their ratio. Then, for
 inputs of about 200 MB and 2 GB (`--io-sizes-mb`), the time, MB/s and peak RSS of planning and of
-merging, each in its own process (see `portal.ops.bench_io`), and the merge of a Parquet output of
-100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `portal.ops.bench_parquet`).
+merging, each in its own process (see `bench.plan_merge`), and the merge of a Parquet output of
+100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `bench.parquet`).
 `--skip-io` and `--only-io` run one half.
 """
 
@@ -27,23 +27,23 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Sum
 
+from bench.api import render_api, run_api_bench
+from bench.bare import bare_limit_rate, bare_loop_rate
+from bench.ceiling import render_ceiling, run_ceiling_bench
+from bench.fairness import render_fairness, run_fairness_bench
+from bench.first_result import FirstResult, first_result
+from bench.job import timed_job
+from bench.metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
+from bench.parquet import render_parquet, run_parquet_bench
+from bench.plan_merge import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
+from bench.reconcile import render_reconcile, run_reconcile_bench
 from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
+from portal.devstack.demo import write_demo_dataset
+from portal.devstack.embedded import start_embedded_redis
+from portal.devstack.stack import Stack, StackOptions, repoint_celery_app
 from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.services.submit import job_submit
-from portal.ops.bench_api import render_api, run_api_bench
-from portal.ops.bench_bare import bare_limit_rate, bare_loop_rate
-from portal.ops.bench_ceiling import render_ceiling, run_ceiling_bench
-from portal.ops.bench_fairness import render_fairness, run_fairness_bench
-from portal.ops.bench_first_result import FirstResult, first_result
-from portal.ops.bench_io import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
-from portal.ops.bench_job import timed_job
-from portal.ops.bench_metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
-from portal.ops.bench_parquet import render_parquet, run_parquet_bench
-from portal.ops.bench_reconcile import render_reconcile, run_reconcile_bench
-from portal.ops.demo import write_demo_dataset
-from portal.ops.embedded import start_embedded_redis
-from portal.ops.stack import Stack, StackOptions, repoint_celery_app
 from portal.tenancy.services import tenant_get_or_create
 
 
