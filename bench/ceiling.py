@@ -27,8 +27,8 @@ from bench.job import timed_job
 from bench.py_spy import Profile, cpu_seconds_of, profile_while, render_profile, tree_cpu_seconds
 from portal.catalog.models import Model
 from portal.devstack.stack import Stack, StackOptions
+from portal.execution.dispatch import job_queue
 from portal.jobs.models import Job
-from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.storage_layout import job_root
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
@@ -151,7 +151,7 @@ def celery_floor(tasks: int, *, queue: str, chord_size: int = 1, timeout_s: floa
 
 def wave_of(job: Job) -> int:
     """The largest chord (wave) the scheduler sent the job's shards in, from the shards' estimates."""
-    from portal.scheduling.capacity import wave_size
+    from portal.execution.capacity import wave_size
 
     shard = job.shards.order_by("-estimated_seconds").first()
     seconds = shard.estimated_seconds if shard is not None else None

@@ -48,11 +48,11 @@ from rich.table import Table
 
 from portal.catalog.models import Model
 from portal.devstack.demo import ENDINGS, OBJECTS, SUBJECTS, VERBS
+from portal.execution.dispatch import shard_spec
+from portal.execution.merge import job_merge
+from portal.execution.plan import job_plan
+from portal.execution.settle import shard_record_success
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard
-from portal.jobs.services.dispatch import shard_spec
-from portal.jobs.services.merge import job_merge
-from portal.jobs.services.plan import job_plan
-from portal.jobs.services.settle import shard_record_success
 from portal.jobs.services.storage_layout import errors_uri, job_prefix, output_uri
 from portal.jobs.services.submit import normalize_input_uri
 from portal.tenancy.services import tenant_get_or_create

@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from portal.catalog.models import GpuClass, Model
 from portal.catalog.services import catalog_publish
+from portal.execution.reconcile import jobs_reconcile
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.reconcile import jobs_reconcile
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.leases import shard_lease_key
 from tasks.shared.redis_client import redis_client

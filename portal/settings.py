@@ -172,7 +172,7 @@ LOGGING = {
 # `authorization` scrape setting); unset, it answers anyone who reaches the portal.
 BATCHERY_METRICS_TOKEN = env_str("BATCHERY_METRICS_TOKEN", "")
 
-# The scheduler (portal.jobs.services.scheduler): tenants' GPU-seconds decay with this half-life, so
+# The scheduler (portal.execution.scheduler): tenants' GPU-seconds decay with this half-life, so
 # fair share looks at recent use; each live slot of a class gets this many shards in the broker at
 # a time (the one it runs and the next), and a class with no slot heartbeat (plain workers) this many.
 BATCHERY_FAIR_SHARE_HALF_LIFE_S = env_float("BATCHERY_FAIR_SHARE_HALF_LIFE_S", 3600.0, minimum=1.0)

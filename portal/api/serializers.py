@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.catalog.models import Model
+from portal.execution.decayed_usage import usage_by_class
 from portal.jobs.models import Job, JobUsage
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.submit import (
@@ -19,7 +20,6 @@ from portal.jobs.services.submit import (
     MAX_SHARD_SIZE,
     OUTPUT_FORMATS,
 )
-from portal.scheduling.usage import usage_by_class
 from portal.tenancy.models import ApiKey, Membership, Tenant
 from portal.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tasks.shared.formats.inputs import FORMATS

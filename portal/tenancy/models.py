@@ -100,7 +100,7 @@ class ApiKey(models.Model):
 class FairShareUsage(models.Model):
     """A tenant's recent GPU-seconds on one GPU class, decayed exponentially: the fair-share ledger.
 
-    `usage` is the value at `updated_at`; read it through `portal.scheduling.fair_share.decayed`.
+    `usage` is the value at `updated_at`; read it through `portal.execution.fair_share.decayed`.
     The scheduler charges each shard's estimate when it sends it and corrects by the measured time
     when the shard ends, so shards in flight count at once.
     """

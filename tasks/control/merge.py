@@ -19,6 +19,6 @@ from tasks.shared.config import MERGE_TASK
     fails_job_from=frozenset({"running", "merging", "cancelling"}),
 )
 def merge_job(self: Any, job_id: str, stop: str | None = None) -> None:
-    from portal.jobs.services.merge import job_merge
+    from portal.execution.merge import job_merge
 
     job_merge(job_id=job_id, stop=stop, holder=f"{self.request.hostname}:{self.request.id}")

@@ -11,6 +11,6 @@ from tasks.shared.config import PLAN_TASK
 
 @app.task(name=PLAN_TASK, base=ControlTask, bind=True, fails_job_from=frozenset({"queued", "planning"}))
 def plan_job(self: Any, job_id: str) -> None:
-    from portal.jobs.services.plan import job_plan
+    from portal.execution.plan import job_plan
 
     job_plan(job_id=job_id, holder=f"{self.request.hostname}:{self.request.id}")

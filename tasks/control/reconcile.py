@@ -1,4 +1,4 @@
-"""The periodic reconciler task (celery beat, control queue): see `portal.jobs.services.reconcile`."""
+"""The periodic reconciler task (celery beat, control queue): see `portal.execution.reconcile`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,6 @@ from tasks.shared.config import RECONCILE_TASK
 
 @app.task(name=RECONCILE_TASK, base=ControlTask)
 def reconcile() -> dict[str, int]:
-    from portal.jobs.services.reconcile import jobs_reconcile
+    from portal.execution.reconcile import jobs_reconcile
 
     return jobs_reconcile().as_dict()

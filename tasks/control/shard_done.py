@@ -24,7 +24,7 @@ from tasks.shared.config import SHARDS_ENDED_TASK
     fails_job_from=frozenset({"running"}),
 )
 def shard_done(self: Any, job_id: str, shard_indexes: int | list[int], queue: str = "") -> None:
-    from portal.jobs.services.finished_inbox import BatchNotSettled, shards_finished_report
+    from portal.execution.endings_inbox import BatchNotSettled, shards_finished_report
 
     # One index: a chord of one shard, sent before chords held several (a message of an older release).
     indexes = [shard_indexes] if isinstance(shard_indexes, int) else shard_indexes

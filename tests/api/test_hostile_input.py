@@ -11,8 +11,8 @@ import pytest
 from django.test import override_settings
 
 from portal.catalog.models import Model
+from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import (
     MAX_PARAMS_BYTES,
     MAX_PARAMS_DEPTH,

@@ -18,8 +18,8 @@ from django.utils import timezone
 from portal.batches.models import Batch, File
 from portal.batches.services.batches import batch_finalize
 from portal.batches.services.expiry import files_expire
+from portal.execution.reconcile import jobs_reconcile
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.reconcile import jobs_reconcile
 from portal.jobs.services.storage_layout import job_prefix, output_uri
 from portal.tenancy.models import Membership, Quota
 from tasks.shared.storage import join_uri, store_for

@@ -15,8 +15,8 @@ import pytest
 from django.test import Client
 
 from portal.batches.models import Batch, File
+from portal.execution.merge import job_merge, job_merge_advance
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.merge import job_merge, job_merge_advance
 from portal.jobs.services.partial import job_partial_output
 from portal.tenancy.models import Tenant
 from tests.api.conftest import Caller

@@ -158,7 +158,7 @@ def test_a_shard_message_delivered_twice_is_merged_once(
 
     def republish(job_id: str) -> None:
         wait_for(_shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
-        from portal.jobs.services.dispatch import shard_spec
+        from portal.execution.dispatch import shard_spec
 
         job = Job.objects.select_related("model").get(pk=job_id)
         shard = job.shards.order_by("index").first()

@@ -131,6 +131,6 @@ def test_a_job_is_followed_by_its_id_through_json_lines_of_the_control_worker_an
         assert lines, f"no {logger} line of batchery.plan_job"
         assert {line["job_id"] for line in lines} == {job_id}, logger
     # A job this small merges in the callback that settled its last shard (BATCHERY_INLINE_MERGE_MAX_RECORDS).
-    merged = [line for line in control_lines if line["logger"] == "portal.jobs.services.merge"]
+    merged = [line for line in control_lines if line["logger"] == "portal.execution.merge"]
     assert any(f"job {job_id} succeeded" in line["message"] for line in merged), "no line of the job's merge"
     assert {line.get("job_id") for line in merged} == {job_id}

@@ -24,8 +24,8 @@ from gpuworkers.slots import Slot
 from portal.audit.models import AuditEntry
 from portal.audit.services import audit_record
 from portal.catalog.models import Model
+from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import job_submit
 from portal.ops.services import slot_drain
 from portal.tenancy.models import Membership, Quota, Tenant

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
+from portal.execution.settle import shard_record_failure, shard_record_success
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.settle import shard_record_failure, shard_record_success
 from portal.tenancy.models import Tenant
 from tasks.shared.specs import ShardManifest, commit_uri
 from tasks.shared.storage import store_for

@@ -23,13 +23,14 @@ from django.db.models import F, FloatField, Sum
 from django.db.models.functions import Coalesce
 
 from portal.catalog.tokenizers import TokenCounter, token_counter
+from portal.execution.capacity import queue_slots
+from portal.execution.dispatch import job_queue
+from portal.execution.plan import InputPosition, job_records
+from portal.execution.scheduler import SCHEDULABLE
+from portal.execution.settle import UNSETTLED
+from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.models import Job, Shard
 from portal.jobs.selectors import queue_jobs, quota_usage
-from portal.jobs.services.dispatch import job_queue
-from portal.jobs.services.plan import InputPosition, job_records
-from portal.jobs.services.scheduler import SCHEDULABLE
-from portal.jobs.services.settle import UNSETTLED
-from portal.jobs.services.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.services.submit import (
     InputCheck,
     QuotaLine,
@@ -39,7 +40,6 @@ from portal.jobs.services.submit import (
     quota_lines,
     submission_request,
 )
-from portal.scheduling.capacity import queue_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import LineProblem
@@ -324,7 +324,7 @@ def _backlog(queue: str, tenant: Tenant) -> tuple[float, float, float]:
     shards waiting or running on the queue, of jobs the scheduler serves."""
     jobs = queue_jobs(queue, statuses=SCHEDULABLE)
     # A shard cut before shards were costed counts at the default rate, as the scheduler charges it
-    # (`portal.scheduling.costs.shard_cost_estimate`).
+    # (`portal.execution.costs.shard_cost_estimate`).
     default = F("record_count") * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD
     rows = (
         Shard.objects.filter(job__in=jobs, status__in=UNSETTLED)

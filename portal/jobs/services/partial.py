@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from portal.execution.merge import COPY_BUFFER_BYTES, ShardOutcome, unfinished_shard_lines
 from portal.jobs.models import Job, JobStatus, ShardStatus
-from portal.jobs.services.merge import COPY_BUFFER_BYTES, ShardOutcome, unfinished_shard_lines
 from tasks.shared.storage import store_for
 
 OFFERED_STATUSES = frozenset(

@@ -17,8 +17,8 @@ from portal.batches.services.batches import batch_cancel, batch_create
 from portal.batches.services.files import file_upload
 from portal.batches.services.validation import batch_validate, validation_lease_key, validation_task_id
 from portal.catalog.models import Model
+from portal.execution.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.models import Job
-from portal.jobs.services.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.services.stop import CannotStop
 from portal.tenancy.models import Quota, Tenant
 from tasks.app import app

@@ -16,12 +16,12 @@ from django.utils import timezone
 
 from portal.catalog.models import Model
 from portal.catalog.throughput import throughput_observe
+from portal.execution import capacity
+from portal.execution.dispatch import job_queue
+from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard, ShardStatus
-from portal.jobs.services.dispatch import job_queue
 from portal.jobs.services.dry_run import DryRunReport, eta_seconds, job_dry_run
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
-from portal.scheduling import capacity
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.config import broker_url
 from tests.factories import ModelFactory, TenantFactory

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
+from portal.execution import merge
+from portal.execution.merge import MergeCursor, _cursor_uri, _read_cursor, job_merge, job_merge_advance
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services import merge
-from portal.jobs.services.merge import MergeCursor, _cursor_uri, _read_cursor, job_merge, job_merge_advance
 from portal.jobs.services.storage_layout import parquet_output_uri
 from tasks.shared.storage import store_for
 from tests.factories import TenantFactory

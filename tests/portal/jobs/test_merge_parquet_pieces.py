@@ -13,10 +13,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from portal.execution import merge
+from portal.execution.dispatch import shard_spec
+from portal.execution.merge import job_merge, job_merge_advance
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services import merge
-from portal.jobs.services.dispatch import shard_spec
-from portal.jobs.services.merge import job_merge, job_merge_advance
 from tasks.shared.formats.parquet_pieces import PieceWriter
 from tasks.shared.specs import ShardManifest, commit_uri
 from tests.portal.jobs.test_merge import FAILED_SHARD, SHARDS, _job, _settle

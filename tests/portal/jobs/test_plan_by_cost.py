@@ -14,13 +14,13 @@ from django.utils import timezone
 
 from portal.catalog.models import Model
 from portal.catalog.throughput import throughput_observe
+from portal.execution import capacity
+from portal.execution.plan import job_plan
+from portal.execution.shard_cut import input_chars
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import job_retry
-from portal.jobs.services.shard_cut import input_chars
 from portal.jobs.services.submit import job_submit
-from portal.scheduling import capacity
 from portal.tenancy.models import Tenant
 from tasks.shared.storage import store_for
 

@@ -1,7 +1,7 @@
 """Streaming planning, the planner alone: shard rows appear as their inputs are written, a bad line
 found after shards were written still refuses the input naming every bad line and publishes
 nothing, and a planner that died is resumed after the shards it created. With real workers:
-`tests/scheduling/test_streaming_plan_e2e.py`."""
+`tests/execution/test_streaming_plan_e2e.py`."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from portal.execution import plan
+from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services import plan
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.stops import stop_reason

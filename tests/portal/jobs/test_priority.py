@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.scheduler import schedule_queue
 from portal.jobs.services.submit import SubmissionError, job_submit
 from tasks.shared.config import gpu_queue, message_priority
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory

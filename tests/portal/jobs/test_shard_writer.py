@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from portal.catalog.throughput import CostModel
-from portal.jobs.services.plan import ShardWriter
-from portal.jobs.services.shard_cut import ShardCut
+from portal.execution.plan import ShardWriter
+from portal.execution.shard_cut import ShardCut
 from portal.jobs.services.storage_layout import job_prefix
 from tasks.shared.formats.records import Record
 from tasks.shared.storage import store_for

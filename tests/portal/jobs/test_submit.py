@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.plan import job_plan
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.tenancy.models import Quota
 

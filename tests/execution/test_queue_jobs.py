@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from portal.execution.scheduler import SCHEDULABLE
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import queue_jobs
-from portal.jobs.services.scheduler import SCHEDULABLE
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ Each tenant's GPU-seconds on a class decay with a half-life, so the scheduler lo
 the tenant with the lowest usage / weight among those with work waiting, and its estimated cost is
 charged at once (start-time fair queuing), so shards in flight count before they finish and a burst
 of free places is shared out in proportion to the weights. Within a tenant the job of the highest
-priority goes first, then the oldest. Pure functions; `portal.scheduling.usage` keeps the ledger.
+priority goes first, then the oldest. Pure functions; `portal.execution.decayed_usage` keeps the ledger.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from portal.catalog.models import Model
+from portal.execution import capacity
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
-from portal.scheduling import capacity
 from tasks.shared.config import gpu_queue
 from tests.chaos.conftest import ARTIFACTS, wait_consuming
 from tests.factories import GpuClassFactory, ModelFactory

@@ -36,10 +36,10 @@ from django.utils import timezone
 from portal.batches.services.expiry import files_expire
 from portal.batches.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
 from portal.catalog.services import catalog_publish
+from portal.execution.dispatch import job_queue
+from portal.execution.scheduler import SETTLING, schedule_all, shard_hold_back, shards_requeue
+from portal.execution.settle import Settled, shard_settle
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.dispatch import job_queue
-from portal.jobs.services.scheduler import SETTLING, schedule_all, shard_hold_back, shards_requeue
-from portal.jobs.services.settle import Settled, shard_settle
 from portal.jobs.services.stop import job_expire
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.sweeps import reconcile_sweep_record

@@ -15,19 +15,18 @@ from django.utils import timezone
 
 from bench.reconcile import write_commit
 from portal.catalog.models import ModelThroughput
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services import scheduler
-from portal.jobs.services.finished_inbox import (
+from portal.execution import capacity, scheduler
+from portal.execution.decayed_usage import usage_read
+from portal.execution.endings_inbox import (
     DRAIN_LOCK_KEY,
     INBOX_KEY,
     BatchNotSettled,
     drain,
     shards_finished_report,
 )
-from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
-from portal.jobs.services.scheduler import schedule_queue, shard_finished, shards_requeue
-from portal.scheduling import capacity
-from portal.scheduling.usage import usage_read
+from portal.execution.reconcile import SETTLE_GRACE_S, jobs_reconcile
+from portal.execution.scheduler import schedule_queue, shard_finished, shards_requeue
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.tenancy.models import FairShareUsage
 from tasks.shared.config import gpu_queue
 from tasks.shared.fleet import FLEET_KEY_PREFIX
@@ -126,7 +125,7 @@ def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refill
 def test_the_merge_is_sent_once_no_shard_of_the_job_is_unsettled(
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from portal.jobs.services import scheduler
+    from portal.execution import scheduler
 
     merges: list[str] = []
     monkeypatch.setattr(scheduler, "_send_merge", merges.append)
@@ -194,7 +193,7 @@ def test_a_job_whose_storage_cannot_be_read_is_left_for_the_next_sweep_and_the_o
 
 
 def test_usage_lives_in_postgresql_and_decays(gpu_class: Any, settings: Any) -> None:
-    from portal.scheduling.usage import usage_charge
+    from portal.execution.decayed_usage import usage_charge
 
     settings.BATCHERY_FAIR_SHARE_HALF_LIFE_S = 60
     tenant = TenantFactory(name="solo")
@@ -333,13 +332,13 @@ def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
 ) -> None:
     from django.db import OperationalError
 
-    from portal.jobs.services import finished_inbox
+    from portal.execution import endings_inbox
 
     queue = gpu_queue(gpu_class.name)
     inbox = INBOX_KEY.format(queue=queue)
     client = redis_client()
 
-    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
     try:
         client.rpush(inbox, b"job-a:3", b"job-b:1")
         with pytest.raises(BatchNotSettled) as raised:
@@ -355,7 +354,7 @@ def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
 def test_a_batch_that_fails_for_good_fails_none_of_the_jobs_whose_endings_it_held(
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from portal.jobs.services import finished_inbox
+    from portal.execution import endings_inbox
     from tasks.control.shard_done import shard_done
 
     queue = gpu_queue(gpu_class.name)
@@ -364,7 +363,7 @@ def test_a_batch_that_fails_for_good_fails_none_of_the_jobs_whose_endings_it_hel
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     named = _running_job(TenantFactory(name="named"), model, tmp_path, shards=1)
     other = _running_job(TenantFactory(name="other"), model, tmp_path, shards=1)
-    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
     monkeypatch.setattr(shard_done, "max_retries", 0)  # its retries are spent
     try:
         client.rpush(inbox, f"{other.pk}:0")
@@ -384,7 +383,7 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
 ) -> None:
     import redis
 
-    from portal.jobs.services import finished_inbox
+    from portal.execution import endings_inbox
     from tasks.control.shard_done import shard_done
 
     class RedisDown:
@@ -393,8 +392,8 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
 
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=1)
-    monkeypatch.setattr(finished_inbox, "redis_client", RedisDown)
-    monkeypatch.setattr(finished_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "redis_client", RedisDown)
+    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
     monkeypatch.setattr(shard_done, "max_retries", 0)
 
     assert shard_done.apply(args=(str(job.pk), 0, gpu_queue(gpu_class.name))).failed()

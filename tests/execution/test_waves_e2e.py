@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from portal.catalog.models import Model
-from tests.scheduling.conftest import SECONDS_PER_RECORD, ended
+from tests.execution.conftest import SECONDS_PER_RECORD, ended
 from tests.support.chaos import ChaosStack, check_exactly_once, write_records
 from tests.support.chaos_engines import HANG_MARKER, POISON_MARKER
 

@@ -1,4 +1,4 @@
-"""Fair share with real workers (see `tests/scheduling/conftest.py` for the simulated fleet)."""
+"""Fair share with real workers (see `tests/execution/conftest.py` for the simulated fleet)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from bench.fairness import busy_seconds, slot_busy_fractions
 from portal.jobs.models import JobStatus
-from tests.factories import TenantFactory
-from tests.scheduling.conftest import (
+from tests.execution.conftest import (
     HALF_LIFE_S,
     SLOTS,
     ended,
@@ -20,6 +19,7 @@ from tests.scheduling.conftest import (
     ts,
     wait_status,
 )
+from tests.factories import TenantFactory
 from tests.support.chaos import ChaosStack, check_exactly_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

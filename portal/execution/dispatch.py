@@ -51,7 +51,7 @@ def shard_time_limits(job: Job, shard: Shard) -> tuple[float, float]:
 
 def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave: int = 1) -> None:
     """Send shards the scheduler claimed (marked dispatched, with their task ids) in waves of up to
-    `wave` shards (see `portal.scheduling.capacity.wave_size`); with `copies`, their speculative copies
+    `wave` shards (see `portal.execution.capacity.wave_size`); with `copies`, their speculative copies
     (under `speculative_task_id`), each alone.
 
     A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id)
@@ -59,7 +59,7 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     of each under the shard's own task id; a lone shard is a `run_shard` message under its task id.
     Either is a chord of that one message, whose callback and error callback are both `shard_done`,
     naming the wave's shards, which reports their endings to the queue's inbox (`finished_inbox`),
-    settled in batches; see `portal.jobs.services.scheduler`.
+    settled in batches; see `portal.execution.scheduler`.
     """
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.scheduling.fair_share import decayed
+from portal.execution.fair_share import decayed
 from portal.tenancy.models import FairShareUsage
 
 

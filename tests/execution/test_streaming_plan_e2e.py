@@ -14,8 +14,8 @@ from portal.catalog.models import Model
 from portal.catalog.services import catalog_publish
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard, ShardStatus
 from tasks.shared.storage import store_for
+from tests.execution.conftest import ended, report, ts
 from tests.factories import ModelFactory
-from tests.scheduling.conftest import ended, report, ts
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

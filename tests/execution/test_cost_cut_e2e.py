@@ -15,8 +15,8 @@ from portal.catalog.models import Model
 from portal.jobs.models import Job
 from portal.jobs.services.dry_run import job_dry_run
 from portal.tenancy.models import Tenant
+from tests.execution.conftest import ended, report
 from tests.factories import ModelFactory
-from tests.scheduling.conftest import ended, report
 from tests.support.chaos import ChaosStack, check_exactly_once, write_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

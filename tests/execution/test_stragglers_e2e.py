@@ -10,7 +10,7 @@ import pytest
 
 from portal.jobs.models import Job, ShardStatus
 from tests.chaos.conftest import wait_consuming
-from tests.scheduling.conftest import SLOTS, ended, report, submit, ts
+from tests.execution.conftest import SLOTS, ended, report, submit, ts
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for
 
 SHARDS = 40

@@ -2,7 +2,7 @@
 
 The merge trusts storage, not messages: each shard's commit marker names the one attempt whose
 output counts, and the merge publishes only once every shard is settled, committed or failed for
-good (`portal.jobs.services.settle`; sending shards again is the scheduler's), so a merge sent
+good (`portal.execution.settle`; sending shards again is the scheduler's), so a merge sent
 early or twice cannot corrupt the output. A shard that failed for good has no marker; its records
 become error lines naming the reason.
 
@@ -30,8 +30,8 @@ import orjson
 import redis
 from django.utils import timezone
 
+from portal.execution.settle import UNSETTLED, read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.settle import UNSETTLED, read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet

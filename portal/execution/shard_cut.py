@@ -15,9 +15,9 @@ from typing import Any
 from django.conf import settings
 
 from portal.catalog.throughput import CostModel, throughput_estimate
+from portal.execution.capacity import queue_slots
+from portal.execution.dispatch import job_queue
 from portal.jobs.models import Job
-from portal.jobs.services.dispatch import job_queue
-from portal.scheduling.capacity import queue_slots
 from tasks.shared.formats.records import Record
 
 

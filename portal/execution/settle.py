@@ -19,9 +19,9 @@ from celery import states
 from django.db import connection
 
 from portal.catalog.throughput import throughput_observe_many
+from portal.execution.costs import shard_cost_estimate, shard_cost_measured
+from portal.execution.decayed_usage import usage_charge
 from portal.jobs.models import Job, Shard, ShardStatus
-from portal.scheduling.costs import shard_cost_estimate, shard_cost_measured
-from portal.scheduling.usage import usage_charge
 from tasks.app import app
 from tasks.shared.specs import ShardManifest, attempt_started, read_commit
 from tasks.shared.stops import PAUSED

@@ -44,11 +44,11 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from portal.execution.dispatch import job_queue
+from portal.execution.scheduler import merge_when_settled, schedule_job, schedule_queue
+from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.selectors import quota_usage
-from portal.jobs.services.dispatch import job_queue
-from portal.jobs.services.scheduler import merge_when_settled, schedule_job, schedule_queue
-from portal.jobs.services.shard_cut import ShardCut, ShardCutter
 from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.services.submit import exceeded_message

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from bench.reconcile import write_commit
+from portal.execution import scheduler
+from portal.execution.scheduler import schedule_queue, shard_finished
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services import scheduler
-from portal.jobs.services.scheduler import schedule_queue, shard_finished
 from tasks.shared.config import gpu_queue
 from tests.factories import ModelFactory, TenantFactory
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from portal.jobs.models import Job, JobStatus
-from tests.scheduling.conftest import ended, report, submit, wait_status
+from tests.execution.conftest import ended, report, submit, wait_status
 from tests.support.chaos import ChaosStack, check_exactly_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

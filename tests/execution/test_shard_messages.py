@@ -16,10 +16,10 @@ import pytest
 from django.utils import timezone
 
 from bench.reconcile import write_commit
+from portal.execution import capacity
+from portal.execution.dispatch import wave_task_id
+from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.dispatch import wave_task_id
-from portal.jobs.services.scheduler import schedule_queue
-from portal.scheduling import capacity
 from tasks.app import app
 from tasks.shared.config import gpu_queue
 from tasks.shared.fleet import FLEET_KEY_PREFIX

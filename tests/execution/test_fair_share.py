@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portal.scheduling.fair_share import TenantQueue, WaitingJob, decayed, share_out
+from portal.execution.fair_share import TenantQueue, WaitingJob, decayed, share_out
 
 
 def _job(

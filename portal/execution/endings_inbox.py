@@ -25,7 +25,7 @@ from typing import cast
 import redis
 from django.db import InterfaceError, OperationalError
 
-from portal.jobs.services.scheduler import Ending, shards_finished
+from portal.execution.scheduler import Ending, shards_finished
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)

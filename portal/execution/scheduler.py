@@ -1,9 +1,9 @@
 """The scheduler: every decision to send a shard, or to send it again, is made here.
 
 A running job's shards wait in PostgreSQL (status `pending`), not in the broker. Each GPU queue has
-a window (`portal.scheduling.capacity`): about two shards per live slot. Whenever places free up (a
+a window (`portal.execution.capacity`): about two shards per live slot. Whenever places free up (a
 shard ends, a job starts, the reconciler sweeps), `schedule_queue` fills them in fair-share order
-(`portal.scheduling.fair_share`) and sends each job's claimed shards as chords (dispatch waves) of
+(`portal.execution.fair_share`) and sends each job's claimed shards as chords (dispatch waves) of
 one shard, or of a few when shards are short (`capacity.wave_size`). A chord's callback
 `batchery.shard_done` settles its shards, fills their places again at once and, once none of the
 job's shards is unsettled, sends the merge. A chord per job could only merge at its end; a wave of
@@ -32,9 +32,10 @@ from django.db.models import Count, Exists, F, Max, OuterRef
 from django.utils import timezone
 
 from gpuworkers.logs import log_context
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
-from portal.jobs.selectors import queue_jobs
-from portal.jobs.services.dispatch import (
+from portal.execution.capacity import queue_slots, queue_window, wave_size
+from portal.execution.costs import shard_cost_estimate
+from portal.execution.decayed_usage import usage_charge, usage_read
+from portal.execution.dispatch import (
     effective_priority,
     job_queue,
     new_dispatch_tag,
@@ -42,14 +43,13 @@ from portal.jobs.services.dispatch import (
     shards_send,
     task_id_column,
 )
-from portal.jobs.services.merge import job_merge, job_merge_advance
-from portal.jobs.services.settle import UNSETTLED, Settled, SettleLedger, shards_settle
+from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
+from portal.execution.merge import job_merge, job_merge_advance
+from portal.execution.settle import UNSETTLED, Settled, SettleLedger, shards_settle
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.selectors import queue_jobs
 from portal.jobs.services.transitions import job_fail
 from portal.ops.metrics.jobs import shards_redispatched_record
-from portal.scheduling.capacity import queue_slots, queue_window, wave_size
-from portal.scheduling.costs import shard_cost_estimate
-from portal.scheduling.fair_share import TenantQueue, WaitingJob, share_out
-from portal.scheduling.usage import usage_charge, usage_read
 from portal.webhooks.services.events import webhook_jobs_progress
 from tasks import send
 from tasks.shared.config import SHARD_MAX_DISPATCHES

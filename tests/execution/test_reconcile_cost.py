@@ -13,9 +13,9 @@ import pytest
 from django.utils import timezone
 
 from bench.reconcile import count_storage_requests, hold_leases, simulate_running_jobs, write_commit
+from portal.execution import capacity
+from portal.execution.reconcile import SETTLE_GRACE_S, jobs_reconcile
 from portal.jobs.models import Job, ShardStatus
-from portal.jobs.services.reconcile import SETTLE_GRACE_S, jobs_reconcile
-from portal.scheduling import capacity
 from tasks.shared.config import gpu_queue
 from tasks.shared.redis_client import redis_client
 from tests.factories import GpuClassFactory, ModelFactory

@@ -11,9 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from portal.execution.scheduler import merge_when_settled, schedule_queue
+from portal.execution.settle import shards_record_success
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
-from portal.jobs.services.scheduler import merge_when_settled, schedule_queue
-from portal.jobs.services.settle import shards_record_success
 from portal.jobs.services.transitions import job_transition
 from tasks.shared.config import gpu_queue
 from tasks.shared.specs import ShardManifest
@@ -128,7 +128,7 @@ def test_a_tick_that_sends_one_shard_reads_that_shard_once(gpu_class: Any, tmp_p
 def test_the_planner_of_a_job_planned_for_the_first_time_does_not_look_for_earlier_shards(
     gpu_class: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from portal.jobs.services.plan import job_plan
+    from portal.execution.plan import job_plan
     from portal.jobs.services.submit import job_submit
 
     ModelFactory(name="statements", gpu_class=gpu_class, is_default=False)
@@ -146,7 +146,7 @@ def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_en
     gpu_class: Any, tmp_path: Path
 ) -> None:
     from bench.reconcile import write_commit
-    from portal.jobs.services.scheduler import shards_finished
+    from portal.execution.scheduler import shards_finished
 
     job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED])
     Job.objects.filter(pk=job.pk).update(errors_uri=(tmp_path / "errors.jsonl").as_uri())
