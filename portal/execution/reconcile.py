@@ -1,10 +1,10 @@
-"""Reconcile: the periodic sweep that makes every job reach an ending whatever was lost.
+"""Reconcile: the jobs' part of the periodic sweep (`portal.ops.periodic`), which makes every job reach an
+ending whatever was lost.
 
 Redis holds messages, results and leases only; the database and storage hold the truth. Each
 sweep, on the control queue:
 - expires jobs past their deadline (what finished is kept);
-- sends planning again for jobs left `queued` or `planning` by a crash or a lost message, and
-  validation again for `/v1/` batches left `validating` (`BATCHERY_BATCH_VALIDATION_RESEND_S`);
+- sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
 - settles shards whose chord callback never came, and gives the scheduler back those that are
   neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
   was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue. Only shards with
@@ -13,9 +13,6 @@ sweep, on the control queue:
   costs what went wrong, not how much runs;
 - merges running jobs whose shards are all settled but whose merge never came, and resumes merges
   and cancellations whose worker died;
-- publishes the catalog for GPU hosts, so a model added or changed in the admin reaches them;
-- deletes the `/v1/` files and batch outputs that expired (`portal/batches/services/expiry.py`), last and
-  on its own, so that a failure there never stops the sweep of jobs.
 Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
 harmless. Each job is swept on its own: one whose storage says something impossible fails alone.
 """
@@ -25,24 +22,18 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.batches.services.expiry import files_expire
-from portal.batches.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
-from portal.catalog.services import catalog_publish
 from portal.execution.dispatch import job_queue
 from portal.execution.scheduler import SETTLING, schedule_all, shard_hold_back, shards_requeue
 from portal.execution.settle import Settled, shard_settle
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.stop import job_expire
 from portal.jobs.services.transitions import job_fail
-from portal.ops.metrics.sweeps import reconcile_sweep_record
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
 from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
@@ -64,13 +55,11 @@ PendingView = Callable[[], BrokerView | None]
 class ReconcileReport:
     expired: int = 0
     planned: int = 0
-    revalidated: int = 0
     resent_shards: int = 0
     scheduled_shards: int = 0
     merged: int = 0
     failed_jobs: int = 0
     finalized: int = 0
-    expired_files: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -105,27 +94,6 @@ def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileRep
         logger.warning("job %s stalled in %s; sending planning again", job.id, job.status)
         send.send_plan(str(job.id), task_id=_plan_task_id(str(job.id)))
         report.planned += 1
-
-
-def _revalidate_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
-    """Send validation again for batches left `validating`: their message was never sent (broker down at
-    the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
-    message back only after the visibility timeout, an hour, and never one that was not sent."""
-    for batch_id in batches_validation_stalled(now=now):
-        if lease_holder(validation_lease_key(batch_id)) is not None:
-            continue
-        view = pending()
-        # A message delivered but unacknowledged, with no lease held, is with a dead worker: sent again.
-        # A second run does nothing (`batch_validate`), so a worker that was only slow to start is harmless.
-        if view is not None and validation_task_id(batch_id) in view.queued:
-            continue
-        logger.warning(
-            "batch %s still validating after %ss; sending its validation again",
-            batch_id,
-            settings.BATCHERY_BATCH_VALIDATION_RESEND_S,
-        )
-        send.send_batch_validation(batch_id, task_id=validation_task_id(batch_id))
-        report.revalidated += 1
 
 
 def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
@@ -211,14 +179,6 @@ def _resume_stalled_endings(now: dt.datetime, report: ReconcileReport) -> None:
         report.finalized += 1
 
 
-def _expire_files(now: dt.datetime, report: ReconcileReport) -> None:
-    try:
-        report.expired_files += files_expire(now=now).files
-    except Exception:
-        # Files are not jobs: the next sweep tries again, and this one has swept the jobs already.
-        logger.exception("reconcile: expiring files failed; the next sweep tries again")
-
-
 def _pending_view() -> PendingView:
     """The broker's messages, read at most once a sweep and only when asked: reading means
     reading the queues whole, which a sweep where every shard is held or fresh does not need."""
@@ -232,18 +192,13 @@ def _pending_view() -> PendingView:
 
 
 def jobs_reconcile() -> ReconcileReport:
-    started = time.perf_counter()
     now = timezone.now()
     report = ReconcileReport()
     pending = _pending_view()
     _expire_overdue(now, report)
     _replan_stalled(now, pending, report)
-    _revalidate_stalled(now, pending, report)
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)
-    catalog_publish()
-    _expire_files(now, report)
     if any(asdict(report).values()):
         logger.warning("reconcile: %s", report)
-    reconcile_sweep_record(duration_s=time.perf_counter() - started)
     return report

@@ -46,11 +46,10 @@ from portal.execution.dispatch import (
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
 from portal.execution.merge import job_merge, job_merge_advance
 from portal.execution.settle import UNSETTLED, Settled, SettleLedger, shards_settle
+from portal.execution.signals import jobs_progressed, shards_redispatched
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
 from portal.jobs.services.transitions import job_fail
-from portal.ops.metrics.jobs import shards_redispatched_record
-from portal.webhooks.services.events import webhook_jobs_progress
 from tasks import send
 from tasks.shared.config import SHARD_MAX_DISPATCHES
 
@@ -272,7 +271,7 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
             requeued.append(shard)
     if requeued:
         logger.warning("job %s: %d shards to send again: %s", job.id, len(requeued), reason)
-        shards_redispatched_record(job=job, count=len(requeued))
+        shards_redispatched.send(sender=Job, job=job, count=len(requeued))
         _refund(job, requeued)
     return len(requeued)
 
@@ -333,7 +332,7 @@ def shards_finished(endings: Iterable[Ending | tuple[str, int]]) -> None:
             running.append(job)
     # A job that merges now tells its end instead (`job_ended`): a one-record job's ending asked for
     # its tenant's endpoints twice.
-    webhook_jobs_progress(jobs=running)
+    jobs_progressed.send(sender=Job, jobs=running)
 
 
 def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:

@@ -9,4 +9,4 @@ class WebhooksConfig(AppConfig):
     verbose_name = "Webhooks"
 
     def ready(self) -> None:
-        from portal.webhooks import receivers  # noqa: F401  (connects the job_ended receiver)
+        from portal.webhooks import receivers  # noqa: F401  (connects the job_ended and jobs_progressed receivers)

@@ -1,4 +1,4 @@
-"""The periodic reconciler task (celery beat, control queue): see `portal.execution.reconcile`."""
+"""The periodic sweep's task (celery beat, control queue): see `portal.ops.periodic`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,6 @@ from tasks.shared.config import RECONCILE_TASK
 
 @app.task(name=RECONCILE_TASK, base=ControlTask)
 def reconcile() -> dict[str, int]:
-    from portal.execution.reconcile import jobs_reconcile
+    from portal.ops.periodic import periodic_sweep
 
-    return jobs_reconcile().as_dict()
+    return periodic_sweep()

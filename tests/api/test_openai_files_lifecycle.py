@@ -18,9 +18,9 @@ from django.utils import timezone
 from portal.batches.models import Batch, File
 from portal.batches.services.batches import batch_finalize
 from portal.batches.services.expiry import files_expire
-from portal.execution.reconcile import jobs_reconcile
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.storage_layout import job_prefix, output_uri
+from portal.ops.periodic import periodic_sweep
 from portal.tenancy.models import Membership, Quota
 from tasks.shared.storage import join_uri, store_for
 from tests.api.conftest import Caller
@@ -71,9 +71,9 @@ def test_a_file_uploaded_to_expire_after_a_minute_is_gone_from_storage_and_the_a
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(expiring.id)  # gone for the API at once, before any sweep
     assert _exists(uri)
-    report = jobs_reconcile()  # the reconciler's sweep, as beat runs it
+    swept = periodic_sweep()  # the periodic sweep, as beat runs it
 
-    assert report.expired_files == 1
+    assert swept["expired_files"] == 1
     assert not File.objects.filter(pk=expiring.id).exists() and not _exists(uri)
     with pytest.raises(openai.NotFoundError):
         client.files.content(expiring.id)

@@ -15,8 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
-from portal.jobs.signals import job_ended
-from portal.ops.metrics.jobs import job_ending_record
+from portal.jobs.signals import job_ended, job_ending
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def _job_ended(job_id: str, status: str) -> None:
     from portal.jobs.services.usage import usage_record
 
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
-    job_ending_record(job=job, gpu_seconds_added=usage_record(job=job))
+    job_ending.send(sender=Job, job=job, gpu_seconds_added=usage_record(job=job))
     transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, status=status))
 
 

@@ -15,9 +15,9 @@ from portal.batches.models import Batch
 from portal.batches.selectors import batch_object, batch_status
 from portal.batches.services.batches import batch_cancel, batch_create
 from portal.batches.services.files import file_upload
+from portal.batches.services.sweep import batches_validation_resend
 from portal.batches.services.validation import batch_validate, validation_lease_key, validation_task_id
 from portal.catalog.models import Model
-from portal.execution.reconcile import ReconcileReport, _revalidate_stalled
 from portal.jobs.models import Job
 from portal.jobs.services.stop import CannotStop
 from portal.tenancy.models import Quota, Tenant
@@ -175,11 +175,7 @@ def test_the_reconciler_sends_validation_again_for_a_batch_validating_too_long(
     old_batch: Batch, acme: Tenant, sent: list[Any]
 ) -> None:
     young = _create(acme, [_request(1)])
-    report = ReconcileReport()
-
-    _revalidate_stalled(timezone.now(), lambda: None, report)
-
-    assert report.revalidated == 1
+    assert batches_validation_resend(now=timezone.now()) == 1
     assert [(args, options["task_id"]) for args, options in sent] == [
         ((old_batch.id,), validation_task_id(old_batch.id))
     ]
@@ -190,11 +186,11 @@ def test_the_reconciler_leaves_a_validation_that_a_worker_holds_or_that_ended(
     old_batch: Batch, sent: list[Any]
 ) -> None:
     with Lease(validation_lease_key(old_batch.id), "busy-worker", exclusive=True):
-        _revalidate_stalled(timezone.now(), lambda: None, ReconcileReport())
+        assert batches_validation_resend(now=timezone.now()) == 0
     assert sent == []
 
     batch_validate(batch_id=old_batch.id)
-    _revalidate_stalled(timezone.now(), lambda: None, ReconcileReport())
+    assert batches_validation_resend(now=timezone.now()) == 0
     assert sent == []
 
 
