@@ -3,11 +3,12 @@ to trace later (quotas, models, keys, members, jobs, slots), so every entry poin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django.contrib.auth.models import User
-from django.db import models
+from django.db import models, transaction
+from django.forms import BaseModelFormSet
 
 from portal.audit.models import AuditEntry
 from portal.tenancy.models import Tenant
@@ -108,3 +109,50 @@ def audit_change(
         summary=f"{target._meta.verbose_name} {target} {verb}: {', '.join(changes)}",
         changes=changes,
     )
+
+
+def audited_save(*, obj: models.Model, actor: User | None, action: str, tenant: Tenant | None = None) -> None:
+    """Save an object edited by hand (an admin form) and record what changed."""
+    before = None if obj._state.adding else stored_field_values(obj)
+    obj.save()
+    audit_change(actor=actor, action=action, target=obj, before=before, after=field_values(obj), tenant=tenant)
+
+
+def audited_delete(
+    *, objs: Iterable[models.Model], actor: User | None, action: str, tenant: Tenant | None = None
+) -> None:
+    """Delete objects by hand (an admin action), each recorded with the values it had, all or none."""
+    with transaction.atomic():
+        for obj in objs:
+            audit_change(actor=actor, action=action, target=obj, before=field_values(obj), after=None, tenant=tenant)
+            obj.delete()
+
+
+def audited_formset_save(
+    *, formset: BaseModelFormSet, actor: User | None, action: str, tenant: Tenant | None = None
+) -> None:
+    """Save the rows of a validated inline formset (an admin page's inlines) and record each row created,
+    changed or deleted."""
+    # Read what the database holds before the forms' values are saved over it.
+    before = {
+        row.instance.pk: stored_field_values(row.instance)
+        for row in formset.initial_forms
+        if row.has_changed() or row in formset.deleted_forms
+    }
+    for row in formset.deleted_forms:
+        if row.instance.pk in before:
+            audit_change(
+                actor=actor,
+                action=action,
+                target=row.instance,
+                before=before[row.instance.pk],
+                after=None,
+                tenant=tenant,
+            )
+    formset.save()
+    for obj in formset.new_objects:
+        audit_change(actor=actor, action=action, target=obj, before=None, after=field_values(obj), tenant=tenant)
+    for obj, _ in formset.changed_objects:
+        audit_change(
+            actor=actor, action=action, target=obj, before=before.get(obj.pk), after=field_values(obj), tenant=tenant
+        )

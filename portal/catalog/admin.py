@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
 from portal.audit.admin import admin_actor
-from portal.audit.services import audit_change, field_values, stored_field_values
 from portal.catalog.models import GpuClass, Model, ModelThroughput
-from portal.catalog.services import catalog_publish
+from portal.catalog.services import model_save, models_delete
 
 
 @admin.register(GpuClass)
@@ -71,26 +69,10 @@ class ModelAdmin(admin.ModelAdmin):
     inlines = [ModelThroughputInline]
 
     def save_model(self, request: HttpRequest, obj: Model, form: ModelForm, change: bool) -> None:
-        before = stored_field_values(obj) if change else None
-        super().save_model(request, obj, form, change)
-        audit_change(
-            actor=admin_actor(request), action="model.changed", target=obj, before=before, after=field_values(obj)
-        )
-        catalog_publish()
+        model_save(model=obj, actor=admin_actor(request))
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
-        with transaction.atomic():
-            audit_change(
-                actor=admin_actor(request), action="model.changed", target=obj, before=field_values(obj), after=None
-            )
-            super().delete_model(request, obj)
-        catalog_publish()
+        models_delete(models=[obj], actor=admin_actor(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:
-        with transaction.atomic():
-            for obj in queryset.select_related("gpu_class"):
-                audit_change(
-                    actor=admin_actor(request), action="model.changed", target=obj, before=field_values(obj), after=None
-                )
-            super().delete_queryset(request, queryset)
-        catalog_publish()
+        models_delete(models=queryset.select_related("gpu_class"), actor=admin_actor(request))

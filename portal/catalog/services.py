@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from django.contrib.auth.models import User
+
+from portal.audit.services import audited_delete, audited_save
 from portal.catalog.models import Model
 from tasks.shared.catalog import write_catalog
+
+MODEL_CHANGED = "model.changed"
 
 
 def catalog_publish() -> bool:
     """Publish every enabled model's spec to storage for GPU hosts; True if anything changed."""
     models = Model.objects.filter(enabled=True).select_related("gpu_class")
     return write_catalog([model.to_spec() for model in models])
+
+
+def model_save(*, model: Model, actor: User | None) -> None:
+    """Save a catalog entry edited by hand (the admin), record the change and publish the catalog."""
+    audited_save(obj=model, actor=actor, action=MODEL_CHANGED)
+    catalog_publish()
+
+
+def models_delete(*, models: Iterable[Model], actor: User | None) -> None:
+    """Delete catalog entries by hand (the admin), each recorded, and publish the catalog."""
+    audited_delete(objs=models, actor=actor, action=MODEL_CHANGED)
+    catalog_publish()

@@ -8,12 +8,9 @@ from django.forms import BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
 
 from portal.audit.admin import admin_actor
-from portal.audit.services import audit_change, field_values, stored_field_values
 from portal.tenancy.apikeys import apikey_revoke
 from portal.tenancy.models import ApiKey, Membership, Quota, Tenant
-
-# The audit action of each inline's rows.
-INLINE_ACTIONS: dict[type | None, str] = {Quota: "quota.changed", Membership: "membership.changed"}
+from portal.tenancy.services import tenant_rows_save, tenant_save
 
 
 class MembershipInline(admin.TabularInline):
@@ -37,45 +34,10 @@ class TenantAdmin(admin.ModelAdmin):
     inlines = [QuotaInline, MembershipInline]
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: ModelForm, change: bool) -> None:
-        before = stored_field_values(obj) if change else None
-        super().save_model(request, obj, form, change)
-        audit_change(
-            actor=admin_actor(request),
-            action="tenant.changed",
-            target=obj,
-            before=before,
-            after=field_values(obj),
-            tenant=obj,
-        )
+        tenant_save(tenant=obj, actor=admin_actor(request))
 
     def save_formset(self, request: HttpRequest, form: ModelForm, formset: BaseInlineFormSet, change: bool) -> None:
-        action = INLINE_ACTIONS.get(formset.model)
-        if action is None:
-            super().save_formset(request, form, formset, change)
-            return
-        actor, tenant = admin_actor(request), form.instance
-        # Read what the database holds before the forms' values are saved over it.
-        before = {
-            row.instance.pk: stored_field_values(row.instance)
-            for row in formset.initial_forms
-            if row.has_changed() or row in formset.deleted_forms
-        }
-        for row in formset.deleted_forms:
-            if row.instance.pk in before:
-                audit_change(
-                    actor=actor,
-                    action=action,
-                    target=row.instance,
-                    before=before[row.instance.pk],
-                    after=None,
-                    tenant=tenant,
-                )
-        super().save_formset(request, form, formset, change)
-        for obj in formset.new_objects:
-            audit_change(actor=actor, action=action, target=obj, before=None, after=field_values(obj), tenant=tenant)
-        for obj, _ in formset.changed_objects:
-            after = field_values(obj)
-            audit_change(actor=actor, action=action, target=obj, before=before.get(obj.pk), after=after, tenant=tenant)
+        tenant_rows_save(tenant=form.instance, formset=formset, actor=admin_actor(request))
 
 
 @admin.register(ApiKey)

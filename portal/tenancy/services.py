@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.forms import BaseModelFormSet
 
-from portal.audit.services import audit_change, audit_record, field_values, stored_field_values
+from portal.audit.services import (
+    audit_change,
+    audit_record,
+    audited_formset_save,
+    audited_save,
+    field_values,
+    stored_field_values,
+)
 from portal.tenancy.models import Membership, Quota, Tenant
 
 
@@ -17,6 +25,30 @@ def tenant_create(*, name: str, priority: int = 5) -> Tenant:
         tenant = Tenant.objects.create(name=name.strip(), priority=priority)
         Quota.objects.create(tenant=tenant)
     return tenant
+
+
+def tenant_save(*, tenant: Tenant, actor: User | None) -> None:
+    """Save a tenant edited by hand (the admin) and record the change."""
+    audited_save(obj=tenant, actor=actor, action="tenant.changed", tenant=tenant)
+
+
+ROW_ACTIONS: dict[type | None, str] = {Quota: "quota.changed", Membership: "membership.changed"}
+"""The audit action of each kind of a tenant's rows edited by hand."""
+
+
+def tenant_rows_save(*, tenant: Tenant, formset: BaseModelFormSet, actor: User | None) -> None:
+    """Save a tenant's quota or memberships edited by hand (the admin's inlines), each row recorded."""
+    action = ROW_ACTIONS.get(formset.model)
+    if action is None:
+        formset.save()
+        return
+    audited_formset_save(formset=formset, actor=actor, action=action, tenant=tenant)
+
+
+def user_get_or_create(*, username: str) -> User:
+    """The user of this name, created (with no password: it signs in with its API keys) if there is none."""
+    user, _ = User.objects.get_or_create(username=username)
+    return user
 
 
 def tenant_get_or_create(*, name: str) -> Tenant:

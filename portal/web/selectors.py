@@ -126,15 +126,16 @@ class QuotaUse:
 
 def quota_use(tenant: Tenant) -> QuotaUse:
     """The tenant's limits and what its jobs use of them now (GPU-seconds: this month)."""
-    quota, _ = Quota.objects.get_or_create(tenant=tenant)
+    # A tenant made in the admin without a quota row has the defaults (`tenant_create` writes one).
+    quota = Quota.objects.filter(tenant=tenant).first() or Quota(tenant=tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     return QuotaUse(
         concurrent_jobs=Limit("Concurrent jobs", use.concurrent_jobs, quota.max_concurrent_jobs),
         queued_records=Limit("Queued records", use.queued_records, quota.max_queued_records),
         gpu_seconds=Limit("GPU-seconds this month", use.gpu_seconds_this_month, quota.gpu_seconds_per_month),
         max_input_bytes=quota.max_input_bytes,
-        allowed_models=[str(model) for model in quota.allowed_models.all()],
-        allowed_gpu_classes=[gpu.name for gpu in quota.allowed_gpu_classes.all()],
+        allowed_models=[str(model) for model in quota.allowed_models.all()] if quota.pk else [],
+        allowed_gpu_classes=[gpu.name for gpu in quota.allowed_gpu_classes.all()] if quota.pk else [],
     )
 
 

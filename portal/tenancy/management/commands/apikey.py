@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.audit.cli import add_actor_argument
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Tenant
-from portal.tenancy.services import membership_add
+from portal.tenancy.services import membership_add, user_get_or_create
 
 
 class Command(BaseCommand):
@@ -34,7 +33,7 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"no tenant named {options['tenant']!r}; create it with `manage.py tenant create`")
         actor = options["actor"]
-        user, _ = User.objects.get_or_create(username=options["user"])
+        user = user_get_or_create(username=options["user"])
         if not Membership.objects.filter(user=user, tenant=tenant).exists():
             # An operator at the shell may grant any role.
             membership_add(
