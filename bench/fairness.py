@@ -25,6 +25,7 @@ from bench.catalog import bench_model_register
 from portal.catalog.models import Model
 from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.models import FINAL_STATUSES, Job, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Tenant
@@ -112,7 +113,10 @@ def _stack(slots: int, **scheduler: str) -> Iterator[None]:
 def _submit(
     tenant: Tenant, path: Path, *, shard_size: int | None = None, params: dict[str, float] | None = None
 ) -> Job:
-    return job_submit(tenant=tenant, model_name=MODEL_NAME, input_uri=str(path), shard_size=shard_size, params=params)
+    return job_submit(
+        tenant=tenant,
+        request=JobRequest(model_name=MODEL_NAME, input_uri=str(path), shard_size=shard_size, params=params),
+    )
 
 
 def run_fairness_bench(*, slots: int, say: Callable[[str], None]) -> FairnessFigures:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from portal.jobs.models import FINAL_STATUSES, Job, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Tenant
@@ -30,7 +31,7 @@ class FirstResult:
 def first_result(*, tenant: Tenant, model_name: str, path: Path, timeout_s: float = 120) -> FirstResult:
     """Submit `path`, wait for its first committed shard, cancel the job and wait for its end."""
     submitted = time.time()
-    job = job_submit(tenant=tenant, model_name=model_name, input_uri=str(path))
+    job = job_submit(tenant=tenant, request=JobRequest(model_name=model_name, input_uri=str(path)))
     deadline = time.monotonic() + timeout_s
     try:
         while (first := _first_committed(job)) is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Tenant
 
@@ -31,7 +32,9 @@ def timed_job(
 ) -> tuple[Job, float]:
     """Submit `dataset`, wait for the job's end; return it with its seconds from submission to end."""
     submitted = timezone.now()
-    job = job_submit(tenant=tenant, model_name=model_name, input_uri=str(dataset), shard_size=shard_size)
+    job = job_submit(
+        tenant=tenant, request=JobRequest(model_name=model_name, input_uri=str(dataset), shard_size=shard_size)
+    )
     deadline = time.monotonic() + timeout_s
     while not job.is_finished:
         if time.monotonic() > deadline:

@@ -25,6 +25,7 @@ from bench.job import timed_job
 from portal.devstack.embedded import free_port
 from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.management.commands.submit import watch_job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.services import tenant_get_or_create
 
@@ -55,7 +56,7 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
     try:
         stack.wait_for_workers(queues={"control", "gpu.cpu"})
         tenant = tenant_get_or_create(name="bench")
-        watch_job(job_submit(tenant=tenant, model_name=model, input_uri=str(warmup), shard_size=50))
+        watch_job(job_submit(tenant=tenant, request=JobRequest(model_name=model, input_uri=str(warmup), shard_size=50)))
         if metrics:
 
             def scrape_every_second() -> None:

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from portal.catalog.models import Model
 from portal.execution.decayed_usage import usage_by_class
 from portal.jobs.models import Job, JobUsage
+from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.submit import (
     MAX_DEADLINE_SECONDS,
@@ -212,6 +213,23 @@ class JobCreateSerializer(serializers.Serializer):
         if ("file" in attrs) == ("input_uri" in attrs):
             raise serializers.ValidationError({"input_uri": "give exactly one of file (an upload) and input_uri"})
         return attrs
+
+    def job_request(self, input_uri: str) -> JobRequest:
+        """The validated request, its input at `input_uri` (the upload's, once stored, or the one given)."""
+        data = self.validated_data
+        return JobRequest(
+            model_name=data["model"],
+            model_version=data.get("model_version"),
+            input_uri=input_uri,
+            params=data.get("params"),
+            shard_size=data.get("shard_size"),
+            deadline_seconds=data.get("deadline_seconds"),
+            input_format=data["input_format"],
+            text_column=data.get("text_column", ""),
+            id_column=data.get("id_column", ""),
+            output_format=data["output_format"],
+            priority=data.get("priority"),
+        )
 
 
 class LineProblemSerializer(serializers.Serializer):

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from portal.catalog.models import Model
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import OUTPUT_FORMATS
 from portal.webhooks.models import EVENT_TYPES
 from tasks.shared.formats.inputs import FORMATS
@@ -89,6 +90,23 @@ class SubmitForm(forms.Form):
     @property
     def chosen_model(self) -> Model:
         return self.models[self.cleaned_data["model"]]
+
+    def job_request(self, input_uri: str) -> JobRequest:
+        """The cleaned request, its input at `input_uri` (the upload's, once stored, or the one given)."""
+        data, model = self.cleaned_data, self.chosen_model
+        return JobRequest(
+            model_name=model.name,
+            model_version=model.version,
+            input_uri=input_uri,
+            params=data["params"],
+            shard_size=data.get("shard_size"),
+            deadline_seconds=data.get("deadline_seconds"),
+            priority=data.get("priority"),
+            input_format=data["input_format"],
+            text_column=data.get("text_column", "").strip(),
+            id_column=data.get("id_column", "").strip(),
+            output_format=data["output_format"],
+        )
 
 
 class ApiKeyForm(forms.Form):

@@ -13,6 +13,7 @@ from django.test import override_settings
 from portal.catalog.models import Model
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import (
     MAX_PARAMS_BYTES,
     MAX_PARAMS_DEPTH,
@@ -239,7 +240,10 @@ def test_an_input_too_large_to_check_at_submission_is_refused_by_the_planner_for
     # One shard holds the whole input, so the bad line is met before any shard is written (the slow start
     # would end one after the first record: a job whose shards ran before its bad line is planning's test).
     settings.BATCHERY_FIRST_SHARD_SECONDS = 0
-    job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(write_jsonl([*RECORDS, {"input": {"x": 1}}])))
+    job = job_submit(
+        tenant=acme,
+        request=JobRequest(model_name=minilm.name, input_uri=str(write_jsonl([*RECORDS, {"input": {"x": 1}}]))),
+    )
 
     job_plan(job_id=str(job.id))
 
@@ -267,7 +271,9 @@ def test_the_service_refuses_values_the_database_cannot_hold_naming_the_field(
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path], arguments: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(SubmissionError) as refused:
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(write_jsonl(RECORDS)), **arguments)
+        job_submit(
+            tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(write_jsonl(RECORDS)), **arguments)
+        )
     assert refused.value.field == field
     assert not Job.objects.exists()
 

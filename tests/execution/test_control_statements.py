@@ -14,6 +14,7 @@ from django.utils import timezone
 from portal.execution.scheduler import merge_when_settled, schedule_queue
 from portal.execution.settle import shards_record_success
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.transitions import job_transition
 from tasks.shared.config import gpu_queue
 from tasks.shared.specs import ShardManifest
@@ -134,7 +135,9 @@ def test_the_planner_of_a_job_planned_for_the_first_time_does_not_look_for_earli
     ModelFactory(name="statements", gpu_class=gpu_class, is_default=False)
     path = tmp_path / "in.jsonl"
     path.write_text('{"custom_id": "a", "input": "one record"}\n')
-    job = job_submit(tenant=TenantFactory(name="fresh"), model_name="statements", input_uri=str(path))
+    job = job_submit(
+        tenant=TenantFactory(name="fresh"), request=JobRequest(model_name="statements", input_uri=str(path))
+    )
     with django_capture_on_commit_callbacks():
         _, statements = _statements(lambda: job_plan(job_id=str(job.id)))
     job.refresh_from_db()

@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 
 from portal.catalog.models import Model
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.dry_run import job_dry_run
 from portal.tenancy.models import Tenant
 from tests.execution.conftest import ended, report
@@ -74,8 +75,7 @@ def test_cost_cut_shards_take_about_equally_long_where_count_cut_shards_do_not(
     # The dry run of the next job, from what the first one taught the model's throughput estimate.
     estimate = job_dry_run(
         tenant=Tenant.objects.get(name="cost"),
-        model_name="costed-echo",
-        input_uri=str(_input(tmp_path, "cut by cost")[0]),
+        request=JobRequest(model_name="costed-echo", input_uri=str(_input(tmp_path, "cut by cost")[0])),
     )
     by_cost = _run(sim, tmp_path, "cut by cost", shard_size=None)
     real_gpu_seconds = sum(shard.compute_seconds for shard in by_cost.shards.all())

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from portal.jobs.models import JobStatus, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from tests.support.jobs import read_lines, wait_for_job
 
@@ -27,7 +28,9 @@ def test_a_job_of_two_thousand_sentences_runs_in_shards_and_matches_the_model_ca
     sentences = _sentences(2000)
     path = write_jsonl([{"custom_id": f"s-{n}", "input": text} for n, text in enumerate(sentences)])
 
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=250)
+    job = job_submit(
+        tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=250)
+    )
     job = wait_for_job(job, workers=pipeline_workers)
 
     assert job.status == JobStatus.SUCCEEDED, job.error
@@ -58,7 +61,9 @@ def test_the_model_is_loaded_once_per_worker_process_across_shards_and_jobs(
 
     jobs = []
     for path in (first, second):
-        job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=50)
+        job = job_submit(
+            tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=50)
+        )
         jobs.append(wait_for_job(job, workers=pipeline_workers))
 
     shards = [shard for job in jobs for shard in job.shards.order_by("index")]
@@ -85,7 +90,7 @@ def test_a_record_that_makes_the_engine_raise_becomes_an_error_line_and_its_neig
     records[90]["input"] = ""
     path = write_jsonl(records)
 
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=60)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=60))
     job = wait_for_job(job, workers=pipeline_workers)
 
     assert job.status == JobStatus.PARTIALLY_SUCCEEDED
@@ -108,7 +113,7 @@ def test_a_shard_task_that_fails_for_good_ends_the_job_instead_of_leaving_it_run
     ModelFactory(name="broken-embedder", source=str(tmp_path / "no-weights-here"), is_default=False)
     path = write_jsonl([{"input": f"sentence {n}"} for n in range(30)])
 
-    job = job_submit(tenant=acme, model_name="broken-embedder", input_uri=str(path), shard_size=10)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="broken-embedder", input_uri=str(path), shard_size=10))
     job = wait_for_job(job, workers=pipeline_workers)
 
     assert job.status == JobStatus.FAILED

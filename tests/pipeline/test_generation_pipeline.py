@@ -10,6 +10,7 @@ import pytest
 
 from portal.catalog.models import Model
 from portal.jobs.models import JobStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from tests.factories import ModelFactory
 from tests.support.jobs import read_lines, wait_for_job
@@ -33,7 +34,7 @@ def test_a_generation_job_produces_one_completion_per_prompt_in_input_order(
     prompts = [f"Prompt {n}: tell me about {'GPUs ' * (n % 4)}" for n in range(24)]
     path = write_jsonl([{"custom_id": f"p{n}", "prompt": prompt} for n, prompt in enumerate(prompts)])
 
-    job = job_submit(tenant=acme, model_name="tiny-gpt2", input_uri=str(path), shard_size=10)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="tiny-gpt2", input_uri=str(path), shard_size=10))
     job = wait_for_job(job, workers=pipeline_workers)
 
     assert job.status == JobStatus.SUCCEEDED, job.error

@@ -16,6 +16,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from portal.jobs.models import JobStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_output_file
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.apikeys import apikey_create
@@ -49,7 +50,9 @@ def test_jsonl_csv_parquet_and_gzip_inputs_give_the_same_output(
 ) -> None:
     outputs = {}
     for name, (path, columns) in _inputs(tmp_path).items():
-        job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), shard_size=20, **columns)
+        job = job_submit(
+            tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), shard_size=20, **columns)
+        )
         job = wait_for_job(job, workers=pipeline_workers)
         assert job.status == JobStatus.SUCCEEDED, (name, job.error)
         outputs[name] = read_lines(job.output_uri)
@@ -67,7 +70,10 @@ def test_a_parquet_output_round_trips_through_pyarrow_with_one_row_per_input_in_
     pipeline_workers: dict[str, Any], acme: Any, minilm: Any, tmp_path: Path
 ) -> None:
     path, _ = _inputs(tmp_path)["jsonl"]
-    job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), shard_size=20, output_format="parquet")
+    job = job_submit(
+        tenant=acme,
+        request=JobRequest(model_name=minilm.name, input_uri=str(path), shard_size=20, output_format="parquet"),
+    )
     job = wait_for_job(job, workers=pipeline_workers)
     assert job.status == JobStatus.SUCCEEDED, job.error
 

@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
+from portal.jobs.requests import JobRequest
 from portal.tenancy.apikeys import apikey_create
 from tests.conftest import S3Service
 from tests.factories import MembershipFactory, ModelFactory, UserFactory
@@ -91,7 +92,7 @@ def test_a_storage_outage_during_a_shard_is_retried_and_the_job_completes(
     input_uri = _put_jsonl(admin, bucket, "in.jsonl", [{"custom_id": f"r{n}", "input": f"t{n}"} for n in range(20)])
     from portal.jobs.services.submit import job_submit
 
-    job = job_submit(tenant=acme, model_name="slow-echo", input_uri=input_uri, shard_size=20)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="slow-echo", input_uri=input_uri, shard_size=20))
 
     # Once the shard has started (its attempt marker is in the bucket), cut the network to S3 for
     # longer than the shard computes, so its output upload meets the outage.

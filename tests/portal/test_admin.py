@@ -26,6 +26,7 @@ from portal.audit.services import audit_record
 from portal.catalog.models import Model
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.ops.services import slot_drain
 from portal.tenancy.models import Membership, Quota, Tenant
@@ -118,7 +119,7 @@ def ended_with_a_failure(
 ) -> Job:
     """A job planned into two shards that ended partially succeeded, with one record in its errors file."""
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4)])
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=2)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=2))
     with django_capture_on_commit_callbacks():
         job_plan(job_id=str(job.id))
     with store_for(job.errors_uri).open_write(job.errors_uri) as errors:
@@ -155,11 +156,13 @@ def test_rerun_submits_a_new_queued_job_with_the_same_settings(
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(3)])
     job = job_submit(
         tenant=acme,
-        model_name="all-MiniLM-L6-v2",
-        input_uri=str(path),
-        shard_size=2,
-        params={"batch_size": 4},
-        deadline_seconds=600,
+        request=JobRequest(
+            model_name="all-MiniLM-L6-v2",
+            input_uri=str(path),
+            shard_size=2,
+            params={"batch_size": 4},
+            deadline_seconds=600,
+        ),
     )
     Job.objects.filter(pk=job.pk).update(status=JobStatus.FAILED)
 

@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from tasks.shared.fleet import draining_key
 from tasks.shared.redis_client import redis_client
@@ -92,10 +93,11 @@ def test_an_operator_cancels_a_job_and_retries_failed_shards_through_admin_actio
         name="flaky.jsonl",
     )
     failing = wait_for_job(
-        job_submit(tenant=acme, model_name="flaky-echo", input_uri=str(flaky), shard_size=4), workers=pipeline_workers
+        job_submit(tenant=acme, request=JobRequest(model_name="flaky-echo", input_uri=str(flaky), shard_size=4)),
+        workers=pipeline_workers,
     )
     assert failing.status == JobStatus.PARTIALLY_SUCCEEDED and failing.failed_records == 3
-    running = job_submit(tenant=acme, model_name="slow-echo", input_uri=str(slow), shard_size=4)
+    running = job_submit(tenant=acme, request=JobRequest(model_name="slow-echo", input_uri=str(slow), shard_size=4))
     _wait_status(running, {JobStatus.RUNNING})
     _admin_sign_in(page)
 

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from portal.jobs.models import Job, JobStatus, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.jobs.services.uploads import uploads_root
@@ -149,7 +150,7 @@ def test_a_member_cancels_a_running_job_and_its_remaining_shards_never_run(
     person("alice", acme)
     records = 40
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"text {n}"} for n in range(records)])
-    job = job_submit(tenant=acme, model_name="slow-echo", input_uri=str(path), shard_size=2)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="slow-echo", input_uri=str(path), shard_size=2))
     sign_in(page, "alice")
     page.goto(f"/jobs/{job.pk}/")
     expect(page.locator("#job-status")).to_have_text("running", timeout=60_000)
@@ -233,13 +234,17 @@ def test_screenshots_of_the_portal(
 ) -> None:
     alice = person("alice", acme, role=Membership.Role.ADMIN)
     finished = job_submit(
-        tenant=acme, user=alice, model_name=minilm.name, input_uri=str(write_jsonl(_sentences(400))), shard_size=25
+        tenant=acme,
+        user=alice,
+        request=JobRequest(model_name=minilm.name, input_uri=str(write_jsonl(_sentences(400))), shard_size=25),
     )
     finished = wait_for_job(finished, workers=pipeline_workers)
     assert finished.status == JobStatus.SUCCEEDED
     _slow_model()
     slow_input = write_jsonl([{"input": f"text {n}"} for n in range(60)], name="slow.jsonl")
-    running = job_submit(tenant=acme, user=alice, model_name="slow-echo", input_uri=str(slow_input), shard_size=3)
+    running = job_submit(
+        tenant=acme, user=alice, request=JobRequest(model_name="slow-echo", input_uri=str(slow_input), shard_size=3)
+    )
     heartbeats: list[str] = []
     shots = []
     try:

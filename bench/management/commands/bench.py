@@ -43,6 +43,7 @@ from portal.devstack.demo import write_demo_dataset
 from portal.devstack.embedded import start_embedded_redis
 from portal.devstack.stack import Stack, StackOptions, repoint_celery_app
 from portal.jobs.management.commands.submit import watch_job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.services import tenant_get_or_create
 
@@ -320,7 +321,11 @@ class Command(BaseCommand):
             tenant = tenant_get_or_create(name="bench")
             warmup = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / "warmup.jsonl", sentences=400, seed=1)
             self.stdout.write("warming the workers up (each slot loads the model once) ...")
-            watch_job(job_submit(tenant=tenant, model_name=model.name, input_uri=str(warmup), shard_size=50))
+            watch_job(
+                job_submit(
+                    tenant=tenant, request=JobRequest(model_name=model.name, input_uri=str(warmup), shard_size=50)
+                )
+            )
             self.stdout.write(f"stack: {count} sentences through submit, plan, shards and merge ...")
             job, elapsed = timed_job(
                 tenant=tenant, model_name=model.name, dataset=dataset, shard_size=options["shard_size"]

@@ -126,24 +126,11 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         access = request_access(request)
         input_field = "file" if "file" in data else "input_uri"
         input_uri = store_upload(access.tenant, data["file"]) if "file" in data else data["input_uri"]
-        submission: dict[str, Any] = {
-            "tenant": access.tenant,
-            "model_name": data["model"],
-            "model_version": data.get("model_version"),
-            "input_uri": input_uri,
-            "params": data.get("params"),
-            "shard_size": data.get("shard_size"),
-            "deadline_seconds": data.get("deadline_seconds"),
-            "input_format": data["input_format"],
-            "text_column": data.get("text_column", ""),
-            "id_column": data.get("id_column", ""),
-            "output_format": data["output_format"],
-            "priority": data.get("priority"),
-            "input_roots": tenant_input_roots(access.tenant),
-        }
+        job_request = form.job_request(input_uri)
+        roots = tenant_input_roots(access.tenant)
         if data["dry_run"]:
             try:
-                report = job_dry_run(**submission)
+                report = job_dry_run(tenant=access.tenant, request=job_request, input_roots=roots)
             except SubmissionError as exc:
                 raise submission_refused(exc, field=input_field if exc.field == "input" else None) from None
             finally:
@@ -152,7 +139,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                     store_for(input_uri).delete_prefix(input_uri)
             return Response(DryRunReportSerializer(report).data)
         try:
-            job = job_submit(user=request_user(request), **submission)
+            job = job_submit(tenant=access.tenant, request=job_request, user=request_user(request), input_roots=roots)
         except SubmissionError as exc:
             if "file" in data:
                 store_for(input_uri).delete_prefix(input_uri)

@@ -29,6 +29,7 @@ from portal.batches.models import Batch, File
 from portal.catalog.models import Model
 from portal.catalog.selectors import newest_enabled_model
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks.shared.formats.jsonl import MAX_LINE_BYTES
@@ -108,13 +109,13 @@ def batch_job_submit(*, batch: Batch, conversion: RequestConversion, job_input: 
     return job_submit(
         tenant=batch.tenant,
         user=batch.created_by,
-        model_name=conversion.model,
-        input_uri=job_input,
-        # `dimensions` shortens embeddings on the worker; `encoding_format` (which engines ignore)
-        # is read back at finalize.
-        params=conversion.params,
-        deadline_seconds=deadline_seconds,
         task=endpoint_for(batch.endpoint).task,
+        request=JobRequest(
+            model_name=conversion.model,
+            input_uri=job_input,
+            params=conversion.params,
+            deadline_seconds=deadline_seconds,
+        ),
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from portal.execution.scheduler import SCHEDULABLE
 from portal.execution.settle import UNSETTLED
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.models import Job, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs, quota_usage
 from portal.jobs.services.submit import (
     InputCheck,
@@ -147,19 +148,9 @@ class DryRunReport:
 def job_dry_run(
     *,
     tenant: Tenant,
-    model_name: str,
-    input_uri: str,
-    model_version: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    shard_size: int | None = None,
-    deadline_seconds: float | None = None,
+    request: JobRequest,
     input_roots: Sequence[str] | None = None,
     task: str | None = None,
-    input_format: str = "auto",
-    text_column: str = "",
-    id_column: str = "",
-    output_format: str = "jsonl",
-    priority: int | None = None,
 ) -> DryRunReport:
     """Report what `job_submit` would do with this request (its arguments, less `user`), storing nothing.
 
@@ -169,33 +160,18 @@ def job_dry_run(
     refusal (`quota`), so one answer shows everything to fix; `accepted` says whether a submission
     would go through. Shards, tokens and estimates then cover the valid records.
     """
-    request = submission_request(
-        tenant=tenant,
-        model_name=model_name,
-        input_uri=input_uri,
-        model_version=model_version,
-        params=params,
-        shard_size=shard_size,
-        deadline_seconds=deadline_seconds,
-        input_roots=input_roots,
-        task=task,
-        input_format=input_format,
-        text_column=text_column,
-        id_column=id_column,
-        output_format=output_format,
-        priority=priority,
-    )
-    size, submitted = input_read(request.input_uri, input_field=request.input_field, options=request.options)
+    accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
+    size, submitted = input_read(accepted.input_uri, input_field=accepted.input_field, options=accepted.options)
     # The job as job_submit would create it (its records known only where the input is checked at
     # submission), so that the cut is the one the planner makes.
     checked = InputCheck(size=size, records=submitted.records if submitted is not None else None)
-    draft = request.job(checked, job_id=str(uuid.uuid4()))  # never saved
+    draft = accepted.job(checked, job_id=str(uuid.uuid4()))  # never saved
     cut = ShardCut.for_job(draft)
-    counter = token_counter(request.model)
-    check, cuts, tokens = _read(draft, cut=cut, input_field=request.input_field, counter=counter)
+    counter = token_counter(accepted.model)
+    check, cuts, tokens = _read(draft, cut=cut, input_field=accepted.input_field, counter=counter)
 
     seconds = sum(shard.estimated_seconds for shard in cuts)
-    gpu_seconds = seconds * request.model.gpus_per_replica
+    gpu_seconds = seconds * accepted.model.gpus_per_replica
     queue = job_queue(draft)
     slots = queue_slots(queue)
     own, others, others_weight = _backlog(queue, tenant)
@@ -203,7 +179,7 @@ def job_dry_run(
     quota = Quota.objects.filter(tenant=tenant).first() or Quota(tenant=tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     return DryRunReport(
-        model=str(request.model),
+        model=str(accepted.model),
         input_bytes=size,
         unit=check.unit,
         records=check.records,

@@ -8,6 +8,7 @@ from django.db import transaction
 
 from portal.audit.services import audit_record
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 
 
@@ -23,16 +24,18 @@ def job_rerun(*, job: Job, actor: User | None) -> Job:
         rerun = job_submit(
             tenant=job.tenant,
             user=actor,
-            model_name=job.model.name,
-            model_version=job.model.version,
-            input_uri=job.input_uri,
-            params=job.params,
-            shard_size=job.shard_size,
-            input_format=job.input_format,
-            text_column=job.text_column,
-            id_column=job.id_column,
-            output_format=job.output_format,
-            deadline_seconds=deadline_seconds,
+            request=JobRequest(
+                model_name=job.model.name,
+                model_version=job.model.version,
+                input_uri=job.input_uri,
+                params=job.params,
+                shard_size=job.shard_size,
+                input_format=job.input_format,
+                text_column=job.text_column,
+                id_column=job.id_column,
+                output_format=job.output_format,
+                deadline_seconds=deadline_seconds,
+            ),
         )
         audit_record(
             actor=actor,

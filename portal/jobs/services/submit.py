@@ -29,6 +29,7 @@ from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import QuotaUsage, quota_usage
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
@@ -311,7 +312,7 @@ def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> 
 
 
 @dataclass(frozen=True)
-class SubmissionRequest:
+class CheckedRequest:
     """A request that passed every check but its input's lines: what `job_submit` and the dry run go on from."""
 
     tenant: Tenant
@@ -357,32 +358,22 @@ class SubmissionRequest:
 def submission_request(
     *,
     tenant: Tenant,
-    model_name: str,
-    input_uri: str,
-    model_version: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    shard_size: int | None = None,
-    deadline_seconds: float | None = None,
+    request: JobRequest,
     input_roots: Sequence[str] | None = None,
     task: str | None = None,
-    input_format: str = "auto",
-    text_column: str = "",
-    id_column: str = "",
-    output_format: str = "jsonl",
-    priority: int | None = None,
-) -> SubmissionRequest:
+) -> CheckedRequest:
     """Check a request but for its input's lines; raise `SubmissionError` naming what is wrong.
 
     `input_roots`, when given, confines the input to those URI prefixes: callers acting for a tenant
     (the API) pass them; the operators' CLI does not. `task`, when given, is the task the model must
     serve (an OpenAI endpoint needs one).
     """
-    model = _resolve_model(tenant, model_name, model_version)
+    model = _resolve_model(tenant, request.model_name, request.model_version)
     if task is not None and model.task != task:
         raise SubmissionError(
             f"model {model.name!r} serves task {model.task!r}; this needs a {task!r} model", field="model"
         )
-    job_params = _check_params(params)
+    job_params = _check_params(request.params)
     if "dimensions" in job_params and (problem := model.dimensions_problem(job_params["dimensions"])) is not None:
         raise SubmissionError(f"params.dimensions {problem}", field="params")
     try:
@@ -390,88 +381,68 @@ def submission_request(
     except ParamError as exc:
         raise SubmissionError(f"params.{exc}", field="params") from None
     try:
-        options = InputOptions(format=input_format, text_column=text_column or None, id_column=id_column or None)
+        options = InputOptions(
+            format=request.input_format, text_column=request.text_column or None, id_column=request.id_column or None
+        )
     except InputOptionsError as exc:
         raise SubmissionError(str(exc), field=exc.option) from None
-    if output_format not in OUTPUT_FORMATS:
+    if request.output_format not in OUTPUT_FORMATS:
         raise SubmissionError(
-            f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not {output_format!r}", field="output_format"
+            f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not {request.output_format!r}",
+            field="output_format",
         )
-    if priority is not None and not 0 <= priority <= tenant.priority:
+    if request.priority is not None and not 0 <= request.priority <= tenant.priority:
         raise SubmissionError(
-            f"priority must be from 0 to {tenant.priority} (the tenant's own priority), not {priority}",
+            f"priority must be from 0 to {tenant.priority} (the tenant's own priority), not {request.priority}",
             field="priority",
         )
-    if shard_size is not None and not 1 <= shard_size <= MAX_SHARD_SIZE:
+    if request.shard_size is not None and not 1 <= request.shard_size <= MAX_SHARD_SIZE:
         raise SubmissionError(
-            f"shard_size must be a number of records from 1 to {MAX_SHARD_SIZE}, not {shard_size}", field="shard_size"
+            f"shard_size must be a number of records from 1 to {MAX_SHARD_SIZE}, not {request.shard_size}",
+            field="shard_size",
         )
     # Written so that NaN fails it too.
-    if deadline_seconds is not None and not 0 < deadline_seconds <= MAX_DEADLINE_SECONDS:
+    if request.deadline_seconds is not None and not 0 < request.deadline_seconds <= MAX_DEADLINE_SECONDS:
         raise SubmissionError(
-            f"deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS} (a year), not {deadline_seconds}",
+            f"deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS} (a year), "
+            f"not {request.deadline_seconds}",
             field="deadline_seconds",
         )
-    uri = normalize_input_uri(input_uri)
+    uri = normalize_input_uri(request.input_uri)
     if input_roots is not None and (refusal := input_refusal(uri, input_roots)):
         raise SubmissionError(refusal, field="input")
-    return SubmissionRequest(
+    return CheckedRequest(
         tenant=tenant,
         model=model,
         input_uri=uri,
         params=job_params,
         options=options,
-        output_format=output_format,
-        priority=priority,
-        shard_size=shard_size,
-        deadline_seconds=deadline_seconds,
+        output_format=request.output_format,
+        priority=request.priority,
+        shard_size=request.shard_size,
+        deadline_seconds=request.deadline_seconds,
     )
 
 
 def job_submit(
     *,
     tenant: Tenant,
-    model_name: str,
-    input_uri: str,
+    request: JobRequest,
     user: User | None = None,
-    model_version: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    shard_size: int | None = None,
-    deadline_seconds: float | None = None,
     input_roots: Sequence[str] | None = None,
     task: str | None = None,
-    input_format: str = "auto",
-    text_column: str = "",
-    id_column: str = "",
-    output_format: str = "jsonl",
-    priority: int | None = None,
 ) -> Job:
     """Accept a job or raise `SubmissionError` naming what is wrong (the field, the input lines).
 
     The arguments are `submission_request`'s, and `user`, who submits.
     """
-    request = submission_request(
-        tenant=tenant,
-        model_name=model_name,
-        input_uri=input_uri,
-        model_version=model_version,
-        params=params,
-        shard_size=shard_size,
-        deadline_seconds=deadline_seconds,
-        input_roots=input_roots,
-        task=task,
-        input_format=input_format,
-        text_column=text_column,
-        id_column=id_column,
-        output_format=output_format,
-        priority=priority,
-    )
-    checked = _check_input(request.input_uri, input_field=request.input_field, options=request.options)
+    accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
+    checked = _check_input(accepted.input_uri, input_field=accepted.input_field, options=accepted.options)
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():
         _reserve_quota(tenant, input_bytes=checked.size, records=checked.records)
-        job = request.job(checked, job_id=job_id, user=user)
+        job = accepted.job(checked, job_id=job_id, user=user)
         job.save(force_insert=True)
         JobEvent.objects.create(job=job, status=JobStatus.QUEUED)
         transaction.on_commit(lambda: send.send_plan(job_id, task_id=f"plan-{job_id}"))

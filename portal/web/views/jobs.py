@@ -89,31 +89,15 @@ def _store_input(portal: PortalAccess, form: SubmitForm) -> tuple[str, bool]:
     return uri, True
 
 
-def _submission(portal: PortalAccess, form: SubmitForm, input_uri: str) -> dict[str, Any]:
-    """The form's request, as `job_submit` and `job_dry_run` take it."""
-    data = form.cleaned_data
-    model = form.chosen_model
-    return {
-        "tenant": portal.tenant,
-        "model_name": model.name,
-        "model_version": model.version,
-        "input_uri": input_uri,
-        "params": data["params"],
-        "shard_size": data.get("shard_size"),
-        "deadline_seconds": data.get("deadline_seconds"),
-        "priority": data.get("priority"),
-        "input_roots": tenant_input_roots(portal.tenant),
-        "input_format": data["input_format"],
-        "text_column": data.get("text_column", "").strip(),
-        "id_column": data.get("id_column", "").strip(),
-        "output_format": data["output_format"],
-    }
-
-
 def _submit(request: HttpRequest, portal: PortalAccess, form: SubmitForm) -> Job:
     input_uri, uploaded = _store_input(portal, form)
     try:
-        return job_submit(user=_user(request), **_submission(portal, form, input_uri))
+        return job_submit(
+            tenant=portal.tenant,
+            request=form.job_request(input_uri),
+            user=_user(request),
+            input_roots=tenant_input_roots(portal.tenant),
+        )
     except SubmissionError:
         if uploaded:
             # A refused job keeps nothing: the upload goes with it.
@@ -125,7 +109,9 @@ def _check(portal: PortalAccess, form: SubmitForm) -> DryRunReport:
     """A dry run of the form's request: an upload is kept only while it is read."""
     input_uri, uploaded = _store_input(portal, form)
     try:
-        return job_dry_run(**_submission(portal, form, input_uri))
+        return job_dry_run(
+            tenant=portal.tenant, request=form.job_request(input_uri), input_roots=tenant_input_roots(portal.tenant)
+        )
     finally:
         if uploaded:
             store_for(input_uri).delete_prefix(input_uri)

@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from portal.catalog.models import Model
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import SubmissionError, job_submit
 from tests.factories import ModelFactory
 
@@ -55,7 +56,9 @@ def test_the_native_api_refuses_dimensions_for_a_model_without_the_declaration(
     path = write_jsonl([{"custom_id": "a", "input": ["one", "two"]}])
 
     with pytest.raises(SubmissionError) as refused:
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), params={"dimensions": 64})
+        job_submit(
+            tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), params={"dimensions": 64})
+        )
 
     assert refused.value.field == "params"
     assert refused.value.message.startswith("params.dimensions is not supported by model 'all-MiniLM-L6-v2'")
@@ -67,9 +70,13 @@ def test_the_native_api_takes_lists_of_texts_and_dimensions_for_a_matryoshka_mod
     model = matryoshka_minilm()
     path = write_jsonl([{"custom_id": "a", "input": ["one", "two"]}, {"custom_id": "b", "input": "three"}])
 
-    job = job_submit(tenant=acme, model_name=model.name, input_uri=str(path), params={"dimensions": 64})
+    job = job_submit(
+        tenant=acme, request=JobRequest(model_name=model.name, input_uri=str(path), params={"dimensions": 64})
+    )
 
     assert job.total_records == 2
     assert job.params == {"dimensions": 64}
     with pytest.raises(SubmissionError, match=r"params.dimensions must be a whole number from 1 to 384"):
-        job_submit(tenant=acme, model_name=model.name, input_uri=str(path), params={"dimensions": 512})
+        job_submit(
+            tenant=acme, request=JobRequest(model_name=model.name, input_uri=str(path), params={"dimensions": 512})
+        )

@@ -20,6 +20,7 @@ from portal.execution import capacity
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.dry_run import DryRunReport, eta_seconds, job_dry_run
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.tenancy.models import Quota, Tenant
@@ -106,7 +107,7 @@ def test_a_dry_run_reports_tokens_over_length_lines_shards_eta_and_quota_and_sto
     )
 
     with _nothing_stored():
-        report = job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        report = job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
 
     assert (report.records, report.problem_count, report.problems, report.rejected) == (30, 0, (), None)
     assert report.input_tokens == 27 * 5 + 3 * 22
@@ -140,7 +141,7 @@ def test_a_dry_run_reports_tokens_over_length_lines_shards_eta_and_quota_and_sto
     assert (queued.limit, queued.used, queued.adds, queued.left) == (100, 80, 30, -10)
     assert report.accepted is False
     with pytest.raises(QuotaExceeded) as refused:
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert queued.refused == refused.value.message
     assert queued.refused == "quota max_queued_records exceeded: limit 100, in use 80, this job needs 30"
 
@@ -172,9 +173,9 @@ def test_a_bad_input_is_reported_line_by_line_as_a_submission_would_refuse_it(
     ]
     path = write_jsonl(lines)
     with _nothing_stored():
-        report = job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        report = job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     with pytest.raises(SubmissionError) as refused:
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert [problem.line for problem in report.problems] == [2, 3, 4] == [p.line for p in refused.value.problems]
     assert report.rejected == refused.value.message
     assert (report.records, report.problem_count, report.accepted) == (1, 3, False)
@@ -185,10 +186,10 @@ def test_a_request_refused_before_its_input_is_read_raises_as_a_submission_does(
 ) -> None:
     path = write_jsonl([{"input": SHORT}])
     with pytest.raises(SubmissionError) as refused:
-        job_dry_run(tenant=acme, model_name="gpt-17", input_uri=str(path))
+        job_dry_run(tenant=acme, request=JobRequest(model_name="gpt-17", input_uri=str(path)))
     assert refused.value.field == "model"
     with pytest.raises(SubmissionError) as refused:
-        job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path), shard_size=0)
+        job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), shard_size=0))
     assert refused.value.field == "shard_size"
 
 
@@ -196,7 +197,9 @@ def test_a_model_without_a_tokenizer_reports_no_tokens(
     acme: Tenant, write_jsonl: Callable[..., Path], two_slots: None
 ) -> None:
     echo = ModelFactory(name="echo", engine=Model.Engine.PYTHON, source="tests.support.tiny_models:echo")
-    report = job_dry_run(tenant=acme, model_name=echo.name, input_uri=str(write_jsonl([{"input": SHORT}] * 4)))
+    report = job_dry_run(
+        tenant=acme, request=JobRequest(model_name=echo.name, input_uri=str(write_jsonl([{"input": SHORT}] * 4)))
+    )
     assert (report.records, report.input_tokens, report.over_length) == (4, None, None)
     assert report.accepted is True
 
@@ -211,7 +214,9 @@ def test_a_model_whose_weights_are_in_object_storage_is_not_downloaded_for_a_dry
 
     monkeypatch.setattr(gpuworkers.sources, "resolve_s3_source", no_download)
     remote = ModelFactory(name="remote", engine=Model.Engine.SENTENCE_TRANSFORMERS, source="s3://weights/remote/")
-    report = job_dry_run(tenant=acme, model_name=remote.name, input_uri=str(write_jsonl([{"input": SHORT}] * 4)))
+    report = job_dry_run(
+        tenant=acme, request=JobRequest(model_name=remote.name, input_uri=str(write_jsonl([{"input": SHORT}] * 4)))
+    )
     assert (report.records, report.input_tokens, report.over_length) == (4, None, None)
 
 
@@ -228,8 +233,8 @@ def test_the_dry_runs_shards_are_the_ones_the_planner_cuts(
     texts = [("x" * (10 + 37 * (n % 11))) for n in range(300)]
     path = write_jsonl([{"custom_id": f"r{n}", "input": text} for n, text in enumerate(texts)])
 
-    report = job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path))
-    job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    report = job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
+    job = job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     with django_capture_on_commit_callbacks():
         job_plan(job_id=str(job.id))
     planned = list(Shard.objects.filter(job=job).order_by("index"))
@@ -263,13 +268,13 @@ def test_once_the_model_has_run_the_estimate_follows_its_observed_throughput(
     path = write_jsonl([{"custom_id": f"r{n}", "input": text} for n, text in enumerate(texts)])
     real = per_record * len(texts) + per_char * sum(map(len, texts))
 
-    before: DryRunReport = job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    before: DryRunReport = job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert before.observed is False
     assert before.estimated_seconds == pytest.approx(0.05 * len(texts)), "the default rate, whatever the lengths"
     assert before.over_length is not None and before.over_length.max_tokens == 256, "the model's own config"
 
     _learn(minilm, per_record=per_record, per_char=per_char, noise=0.1)
-    after = job_dry_run(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    after = job_dry_run(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert after.observed is True
     assert after.estimated_seconds == pytest.approx(real, rel=0.25)
     assert after.estimated_gpu_seconds == pytest.approx(after.estimated_seconds)

@@ -18,6 +18,7 @@ from portal.execution import capacity
 from portal.execution.plan import job_plan
 from portal.execution.shard_cut import input_chars
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import job_retry
 from portal.jobs.services.submit import job_submit
@@ -75,11 +76,12 @@ def test_shards_cut_by_cost_take_about_equally_long_where_shards_cut_by_count_do
     path = write_jsonl([{"custom_id": f"r{n}", "input": text} for n, text in enumerate(texts)])
 
     by_cost = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path))),
+        django_capture_on_commit_callbacks,
     )
     same_count = round(len(texts) / len(by_cost))
     by_count = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), shard_size=same_count),
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), shard_size=same_count)),
         django_capture_on_commit_callbacks,
     )
 
@@ -113,7 +115,8 @@ def test_a_model_that_never_ran_is_cut_by_its_default_seconds_a_record(
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(50)])
 
     shards = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path))),
+        django_capture_on_commit_callbacks,
     )
 
     assert [(shard.first_record, shard.record_count) for shard in shards] == [(0, 20), (20, 20), (40, 10)]
@@ -131,7 +134,8 @@ def test_a_shard_never_holds_more_than_the_record_bound_whatever_its_estimate(
     path = write_jsonl([{"custom_id": f"r{n}", "input": "x"} for n in range(10)])
 
     shards = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path))),
+        django_capture_on_commit_callbacks,
     )
 
     assert [shard.record_count for shard in shards] == [4, 4, 2]
@@ -150,7 +154,8 @@ def test_a_record_dearer_than_the_target_still_gets_a_shard_of_its_own(
     path = write_jsonl([{"custom_id": f"r{n}", "input": text} for n, text in enumerate([SHORT, huge, huge, SHORT])])
 
     shards = _planned(
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path)), django_capture_on_commit_callbacks
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path))),
+        django_capture_on_commit_callbacks,
     )
 
     assert [shard.record_count for shard in shards] == [1, 1, 1, 1]
@@ -168,7 +173,7 @@ def test_a_retry_round_of_a_job_cut_by_cost_is_cut_by_cost_too(
     _learn(minilm)
     texts = [LONG] * 20 + [SHORT] * 80  # 20 * 0.101 s, then 80 * 0.011 s
     path = write_jsonl([{"custom_id": f"r{n}", "input": text} for n, text in enumerate(texts)])
-    job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    job = job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     _planned(job, django_capture_on_commit_callbacks)
     with store_for(job.errors_uri).open_write(job.errors_uri) as errors:
         for n in range(100):
@@ -190,7 +195,7 @@ def test_a_rerun_keeps_the_originals_choice_of_cutting_by_cost(
     acme: Tenant, minilm: Model, write_jsonl: Callable[..., Path]
 ) -> None:
     path = write_jsonl([{"custom_id": "a", "input": "x"}])
-    job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    job = job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     Job.objects.filter(pk=job.pk).update(status=JobStatus.FAILED)
 
     assert job_rerun(job=job, actor=None).shard_size is None
@@ -226,7 +231,7 @@ def plan_sentences(
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(4_000)])
 
     def plan() -> list[Shard]:
-        job = job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        job = job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
         return _planned(job, django_capture_on_commit_callbacks)
 
     return plan

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from portal.execution import plan
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.stops import stop_reason
@@ -29,7 +30,9 @@ def _records(count: int) -> list[Any]:
 
 def _planner_checked(acme: Tenant, path: Path, settings: Any, *, shard_size: int) -> Job:
     settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0  # as for an input too large to check at submission
-    return job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=shard_size)
+    return job_submit(
+        tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=shard_size)
+    )
 
 
 def test_each_shard_row_is_created_while_the_job_is_still_planning(

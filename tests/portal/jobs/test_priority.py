@@ -11,6 +11,7 @@ import pytest
 
 from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import SubmissionError, job_submit
 from tasks.shared.config import gpu_queue, message_priority
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
@@ -72,5 +73,8 @@ def test_a_job_may_not_ask_for_more_priority_than_its_tenant_has(
 ) -> None:
     path = write_jsonl([{"custom_id": "a", "input": "hello"}])
     with pytest.raises(SubmissionError, match=r"priority must be from 0 to 5 \(the tenant's own priority\), not 7"):
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), priority=7)
-    assert job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path), priority=2).priority == 2
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), priority=7))
+    assert (
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path), priority=2)).priority
+        == 2
+    )

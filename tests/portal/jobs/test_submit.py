@@ -9,6 +9,7 @@ import pytest
 
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
 from portal.tenancy.models import Quota
 
@@ -26,7 +27,9 @@ def test_a_valid_input_becomes_a_queued_job_and_planning_is_enqueued_after_commi
 ) -> None:
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(10)])
     with django_capture_on_commit_callbacks() as callbacks:
-        job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=4)
+        job = job_submit(
+            tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=4)
+        )
     assert job.status == JobStatus.QUEUED
     assert job.total_records == 10
     assert job.input_uri == path.as_uri()
@@ -39,7 +42,7 @@ def test_malformed_lines_are_refused_naming_every_line_and_no_job_is_created(
 ) -> None:
     path = write_jsonl(BAD_LINES)
     with pytest.raises(SubmissionError) as refused:
-        job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     error = refused.value
     assert error.field == "input"
     assert [problem.line for problem in error.problems] == [2, 3, 4, 5]
@@ -55,7 +58,7 @@ def test_a_large_input_checked_by_the_planner_fails_the_job_with_the_lines_named
 ) -> None:
     settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0
     path = write_jsonl(BAD_LINES)
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     assert job.total_records is None
 
     job_plan(job_id=str(job.id))
@@ -72,7 +75,7 @@ def test_planning_cuts_contiguous_shards_in_input_order(
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path], django_capture_on_commit_callbacks: Any
 ) -> None:
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(10)])
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=4)
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path), shard_size=4))
     with django_capture_on_commit_callbacks() as dispatches:
         job_plan(job_id=str(job.id))
     job.refresh_from_db()
@@ -90,7 +93,7 @@ def test_a_second_planning_message_for_the_same_job_does_nothing(
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path], django_capture_on_commit_callbacks: Any
 ) -> None:
     path = write_jsonl([{"input": "one"}, {"input": "two"}])
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     with django_capture_on_commit_callbacks():
         job_plan(job_id=str(job.id))
         job_plan(job_id=str(job.id))
@@ -102,12 +105,14 @@ def test_an_unknown_model_is_refused_naming_the_known_ones(
 ) -> None:
     path = write_jsonl([{"input": "x"}])
     with pytest.raises(SubmissionError, match="no enabled model named 'gpt-9'; available: all-MiniLM-L6-v2"):
-        job_submit(tenant=acme, model_name="gpt-9", input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name="gpt-9", input_uri=str(path)))
 
 
 def test_a_missing_input_file_is_refused(acme: Any, minilm: Any, tmp_path: Path) -> None:
     with pytest.raises(SubmissionError, match="cannot read the input: no such object") as refused:
-        job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(tmp_path / "nope.jsonl"))
+        job_submit(
+            tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(tmp_path / "nope.jsonl"))
+        )
     assert refused.value.field == "input"
 
 
@@ -116,9 +121,9 @@ def test_the_concurrent_jobs_quota_refuses_a_job_over_the_limit(
 ) -> None:
     Quota.objects.filter(tenant=acme).update(max_concurrent_jobs=1)
     path = write_jsonl([{"input": "x"}])
-    job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+    job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     with pytest.raises(QuotaExceeded) as refused:
-        job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     assert (refused.value.quota, refused.value.limit, refused.value.current) == ("max_concurrent_jobs", 1, 1)
 
 
@@ -126,6 +131,6 @@ def test_an_omitted_shard_size_stays_empty_so_that_the_planner_cuts_by_cost(
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     path = write_jsonl([{"input": "x"}])
-    job = job_submit(tenant=acme, model_name="all-MiniLM-L6-v2", input_uri=str(path))
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
     job.refresh_from_db()
     assert job.shard_size is None

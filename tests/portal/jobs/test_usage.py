@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import QuotaExceeded, job_submit
 from portal.jobs.services.transitions import job_transition
 from portal.jobs.services.usage import month_of
@@ -83,7 +84,7 @@ def test_a_tenant_past_its_monthly_gpu_seconds_is_refused_naming_the_quota(
 ) -> None:
     Quota.objects.filter(tenant=acme).update(gpu_seconds_per_month=100)
     path = write_jsonl([{"custom_id": "a", "input": "hello"}])
-    job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     JobUsage.objects.create(
         job=_job_with_shards(acme, minilm, []),
         tenant=acme,
@@ -97,9 +98,9 @@ def test_a_tenant_past_its_monthly_gpu_seconds_is_refused_naming_the_quota(
     JobUsage.objects.filter(period=month_of(timezone.now())).update(
         period=month_of(timezone.now()) - dt.timedelta(days=1)
     )
-    job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+    job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     JobUsage.objects.update(period=month_of(timezone.now()))
     with pytest.raises(QuotaExceeded) as refused:
-        job_submit(tenant=acme, model_name=minilm.name, input_uri=str(path))
+        job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert refused.value.quota == "gpu_seconds_per_month"
     assert refused.value.limit == 100 and refused.value.current == 100.5

@@ -15,6 +15,7 @@ from portal.catalog.models import Model
 from portal.devstack.demo import write_demo_dataset
 from portal.devstack.stack import Stack, StackOptions
 from portal.jobs.management.commands.submit import watch_job
+from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.storage import store_for
@@ -46,9 +47,7 @@ class Command(BaseCommand):
                 raise CommandError("no default model in the catalog; run migrations")
             job = job_submit(
                 tenant=tenant_get_or_create(name="demo"),
-                model_name=model.name,
-                input_uri=str(dataset),
-                shard_size=options["shard_size"],
+                request=JobRequest(model_name=model.name, input_uri=str(dataset), shard_size=options["shard_size"]),
             )
             self.stdout.write(f"job {job.id}: {options['sentences']} sentences through {model.name}")
             started = time.monotonic()

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.submit import OUTPUT_FORMATS, SubmissionError, job_submit
@@ -65,29 +66,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            params = json.loads(options["params"])
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--params is not valid JSON: {exc}") from None
-        request: dict[str, Any] = {
-            "model_name": options["model"],
-            "model_version": options["model_version"],
-            "input_uri": options["input"],
-            "params": params,
-            "shard_size": options["shard_size"],
-            "deadline_seconds": options["deadline"],
-            "input_format": options["format"],
-            "text_column": options["text_column"],
-            "id_column": options["id_column"],
-            "output_format": options["output_format"],
-            "priority": options["priority"],
-        }
+        request = job_request(options)
         if options["dry_run"]:
             self._dry_run(options["tenant"], request)
             return
         tenant = tenant_get_or_create(name=options["tenant"])
         try:
-            job = job_submit(tenant=tenant, **request)
+            job = job_submit(tenant=tenant, request=request)
         except SubmissionError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(f"job {job.id} queued ({job.shard_cut})")
@@ -103,18 +88,39 @@ class Command(BaseCommand):
         if job.status == "failed":
             raise CommandError(f"job {job.id} failed")
 
-    def _dry_run(self, tenant_name: str, request: dict[str, Any]) -> None:
+    def _dry_run(self, tenant_name: str, request: JobRequest) -> None:
         # A dry run creates nothing, so not the tenant a real submission would create either.
         tenant = Tenant.objects.filter(name=tenant_name).first()
         if tenant is None:
             raise CommandError(f"no tenant named {tenant_name!r}; a dry run creates nothing, not even the tenant")
         try:
-            report = job_dry_run(tenant=tenant, **request)
+            report = job_dry_run(tenant=tenant, request=request)
         except SubmissionError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write("\n".join(report_lines(report)))
         if not report.accepted:
             raise CommandError("the job would be refused: see above")
+
+
+def job_request(options: dict[str, Any]) -> JobRequest:
+    """The request the command line states."""
+    try:
+        params = json.loads(options["params"])
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--params is not valid JSON: {exc}") from None
+    return JobRequest(
+        model_name=options["model"],
+        model_version=options["model_version"],
+        input_uri=options["input"],
+        params=params,
+        shard_size=options["shard_size"],
+        deadline_seconds=options["deadline"],
+        input_format=options["format"],
+        text_column=options["text_column"],
+        id_column=options["id_column"],
+        output_format=options["output_format"],
+        priority=options["priority"],
+    )
 
 
 def report_lines(report: DryRunReport) -> list[str]:

@@ -1,0 +1,35 @@
+"""What a caller asks of a submission, as one value: built once by the API's serializer, the web form,
+the command line and a re-run, and taken by `job_submit` and `job_dry_run`. Nothing here is checked
+yet: `submit.submission_request` checks it, naming the field that is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    model_name: str
+    """The catalog model's name."""
+    input_uri: str
+    """Where the input is: a `file://` or `s3://` URI, or a local path (the operators' command line)."""
+    model_version: str | None = None
+    """A version of the model; the newest enabled one where unset."""
+    params: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The model's parameters for this job, over its defaults."""
+    shard_size: int | None = None
+    """Records a shard; unset, the planner cuts shards by estimated cost."""
+    deadline_seconds: float | None = None
+    """Seconds from now after which the job expires, keeping what finished."""
+    input_format: str = "auto"
+    """`auto` (by the name), `jsonl`, `csv`, `tsv` or `parquet`."""
+    text_column: str = ""
+    """The column holding the text, for tabular inputs."""
+    id_column: str = ""
+    """The column holding each record's `custom_id`, for tabular inputs."""
+    output_format: str = "jsonl"
+    """`jsonl` or `parquet`."""
+    priority: int | None = None
+    """0-9, at most the tenant's own; the tenant's where unset."""
