@@ -23,7 +23,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import SubmissionError
 
 API_PREFIXES = ("/api/", "/v1/")
 ERROR_TYPES = {

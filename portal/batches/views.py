@@ -28,8 +28,8 @@ from portal.batches.models import Batch, File
 from portal.batches.selectors import batch_object, file_object
 from portal.batches.services.batches import BatchRefused, batch_cancel, batch_create
 from portal.batches.services.files import FileRefused, file_delete, file_upload
+from portal.jobs.quota import QuotaExceeded
 from portal.jobs.services.stop import CannotStop
-from portal.jobs.services.submit import QuotaExceeded
 from portal.jobs.services.uploads import UploadTooLarge
 from tasks.shared.storage import StorageError, TransientStorageError
 

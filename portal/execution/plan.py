@@ -48,12 +48,10 @@ from portal.execution.dispatch import job_queue
 from portal.execution.scheduler import merge_when_settled, schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.selectors import quota_usage
+from portal.jobs.quota import RecordsOverQuota, records_room
 from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
-from portal.jobs.services.submit import exceeded_message
 from portal.jobs.services.transitions import job_fail, job_transition
-from portal.tenancy.models import Quota
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
@@ -225,37 +223,6 @@ def job_records(
 
 class PlanningStopped(Exception):
     """The job left `planning` (cancelled, expired) while its planner was reading."""
-
-
-class RecordsOverQuota(Exception):
-    """The records read so far do not fit in the tenant's `max_queued_records`."""
-
-
-@dataclass(frozen=True)
-class RecordsRoom:
-    """What `max_queued_records` leaves a job whose records were not counted at submission."""
-
-    limit: int
-    used: int
-    """Records of the tenant's other jobs not ended; the job itself counts none until it is planned."""
-
-    def check(self, records: int) -> None:
-        if self.used + records > self.limit:
-            raise RecordsOverQuota(exceeded_message("max_queued_records", self.limit, self.used, f"at least {records}"))
-
-
-def records_room(job: Job) -> RecordsRoom | None:
-    """The room left under the tenant's `max_queued_records`; None: no such limit, or the job's records
-    were counted (and held to it) at submission.
-
-    Read once, when planning starts: two large jobs of a tenant planned at the same moment may each
-    fit alone and not together, as two submissions would if the quota row were not locked."""
-    if job.total_records is not None:
-        return None
-    limit = Quota.objects.filter(tenant_id=job.tenant_id).values_list("max_queued_records", flat=True).first()
-    if limit is None:
-        return None
-    return RecordsRoom(limit=limit, used=quota_usage(tenant_ids=[job.tenant_id])[job.tenant_id].queued_records)
 
 
 class StreamingDispatch:

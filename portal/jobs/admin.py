@@ -12,11 +12,11 @@ from django.utils.html import format_html
 
 from portal.audit.admin import admin_actor
 from portal.jobs.models import Job, JobUsage, Shard
+from portal.jobs.requests import SubmissionError
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
-from portal.jobs.services.submit import SubmissionError
 from tasks.shared.storage import StorageError
 
 SHARD_FIELDS = (

@@ -1,12 +1,14 @@
 """What a caller asks of a submission, as one value: built once by the API's serializer, the web form,
 the command line and a re-run, and taken by `job_submit` and `job_dry_run`. Nothing here is checked
-yet: `submit.submission_request` checks it, naming the field that is wrong."""
+yet: `submit.submission_request` checks it, and raises `SubmissionError` naming the field that is wrong."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tasks.shared.formats.records import LineProblem
 
 
 @dataclass(frozen=True)
@@ -33,3 +35,13 @@ class JobRequest:
     """`jsonl` or `parquet`."""
     priority: int | None = None
     """0-9, at most the tenant's own; the tenant's where unset."""
+
+
+class SubmissionError(Exception):
+    """The request cannot be accepted; `field` names the part of it that is wrong."""
+
+    def __init__(self, message: str, *, field: str, problems: Sequence[LineProblem] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.problems = list(problems)

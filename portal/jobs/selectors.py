@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
-from django.utils import timezone
 
-from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
+from portal.jobs.models import Job, JobUsage
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
-from portal.jobs.services.usage import month_of
 from tasks.shared.config import queue_readings
 from tasks.shared.progress import Progress, read_job_progress, read_jobs_progress
 
@@ -81,43 +79,3 @@ def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
         )
         .order_by("-period")
     )
-
-
-@dataclass(frozen=True)
-class QuotaUsage:
-    """What a tenant's jobs hold now of the quotas that bound them: the one definition that
-    submission checks, the portal shows and /metrics exports."""
-
-    concurrent_jobs: int
-    """Jobs not yet ended."""
-    queued_records: int
-    """Records of those jobs (as far as they are known)."""
-    gpu_seconds_this_month: float
-    """GPU-seconds of the tenant's jobs that ended this month."""
-
-
-def quota_usage(*, tenant_ids: Collection[int]) -> dict[int, QuotaUsage]:
-    """Each tenant's quota usage, in two grouped queries whatever the number of tenants."""
-    ids = list(tenant_ids)
-    active: dict[int, tuple[int, int]] = {
-        tenant_id: (jobs, records or 0)
-        for tenant_id, jobs, records in Job.objects.filter(tenant_id__in=ids)
-        .exclude(status__in=FINAL_STATUSES)
-        .values("tenant_id")
-        .annotate(jobs=Count("id"), records=Sum("total_records"))
-        .values_list("tenant_id", "jobs", "records")
-    }
-    gpu_seconds = dict(
-        JobUsage.objects.filter(tenant_id__in=ids, period=month_of(timezone.now()))
-        .values("tenant_id")
-        .annotate(total=Sum("gpu_seconds"))
-        .values_list("tenant_id", "total")
-    )
-    return {
-        tenant_id: QuotaUsage(
-            concurrent_jobs=active.get(tenant_id, (0, 0))[0],
-            queued_records=active.get(tenant_id, (0, 0))[1],
-            gpu_seconds_this_month=float(gpu_seconds.get(tenant_id) or 0.0),
-        )
-        for tenant_id in ids
-    }

@@ -19,7 +19,8 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
-from portal.jobs.selectors import JobProgress, job_progress, quota_usage, usage_per_month
+from portal.jobs.quota import quota_usage
+from portal.jobs.selectors import JobProgress, job_progress, usage_per_month
 from portal.ops.selectors import fleet_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.leases import shard_lease_key

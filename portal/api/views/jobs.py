@@ -25,6 +25,7 @@ from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import DryRunReportSerializer, JobCreateSerializer, JobSerializer
 from portal.api.uploads import refuse_oversized_request, store_upload
 from portal.jobs.models import Job
+from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file, jobs_live_progress
 from portal.jobs.services.dry_run import job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
@@ -32,7 +33,7 @@ from portal.jobs.services.partial import job_partial_output
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
-from portal.jobs.services.submit import SubmissionError, job_submit
+from portal.jobs.services.submit import job_submit
 from tasks.shared.storage import StorageError, presigned_url, store_for
 
 DOWNLOAD_URLS = inline_serializer(

@@ -33,8 +33,9 @@ from portal.batches.services.validation import (
     validation_task_id,
 )
 from portal.jobs.models import Job
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import SubmissionError
 from portal.jobs.services.stop import job_cancel
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError
 from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks import send

@@ -29,8 +29,9 @@ from portal.batches.models import Batch, File
 from portal.catalog.models import Model
 from portal.catalog.selectors import newest_enabled_model
 from portal.jobs.models import Job
-from portal.jobs.requests import JobRequest
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services.submit import job_submit
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks.shared.formats.jsonl import MAX_LINE_BYTES
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key

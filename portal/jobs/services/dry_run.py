@@ -30,17 +30,10 @@ from portal.execution.scheduler import SCHEDULABLE
 from portal.execution.settle import UNSETTLED
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.models import Job, Shard
+from portal.jobs.quota import QuotaLine, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
-from portal.jobs.selectors import queue_jobs, quota_usage
-from portal.jobs.services.submit import (
-    InputCheck,
-    QuotaLine,
-    input_errors,
-    input_read,
-    input_rejected,
-    quota_lines,
-    submission_request,
-)
+from portal.jobs.selectors import queue_jobs
+from portal.jobs.services.submit import InputCheck, input_errors, input_read, input_rejected, submission_request
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import LineProblem

@@ -29,15 +29,15 @@ from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
-from portal.jobs.requests import JobRequest
-from portal.jobs.selectors import QuotaUsage, quota_usage
+from portal.jobs.quota import quota_check_model, quota_reserve
+from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.storage_layout import errors_uri, output_uri
-from portal.tenancy.models import Quota, Tenant
+from portal.tenancy.models import Tenant
 from tasks import send
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.shared.formats.jsonl import JsonlCheck
-from tasks.shared.formats.records import LineProblem, input_field_for
+from tasks.shared.formats.records import input_field_for
 from tasks.shared.storage import StorageError, store_for
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
@@ -58,39 +58,6 @@ MAX_SHARD_SIZE = 1_000_000
 """Records per shard when the submitter chooses: a worker holds a whole shard's input in memory."""
 MAX_DEADLINE_SECONDS = 365 * 24 * 3600
 """A year: a batch job's deadline is hours or days; the bound keeps the deadline a date."""
-
-
-class SubmissionError(Exception):
-    """The request cannot be accepted; `field` names the part of it that is wrong."""
-
-    def __init__(self, message: str, *, field: str, problems: Sequence[LineProblem] = ()) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.problems = list(problems)
-
-
-def exceeded_message(quota: str, limit: object, current: object, requested: object) -> str:
-    return f"quota {quota} exceeded: limit {limit}, in use {current}, this job needs {requested}"
-
-
-class QuotaExceeded(SubmissionError):
-    """A limit of the tenant's quota refuses the job: `limit` is the limit, `current` the use so far."""
-
-    def __init__(
-        self, *, quota: str, limit: float | list[str], current: float | str, requested: float | str, message: str = ""
-    ) -> None:
-        super().__init__(message or exceeded_message(quota, limit, current, requested), field=quota)
-        self.quota = quota
-        self.limit = limit
-        self.current = current
-        self.requested = requested
-
-    @property
-    def may_pass_later(self) -> bool:
-        """Whether the same job may be accepted once other jobs end: true of the limits on what runs at
-        once; the others refuse the job itself (its size, its model) or hold for the rest of the month."""
-        return self.quota in ("max_concurrent_jobs", "max_queued_records")
 
 
 @dataclass(frozen=True)
@@ -117,18 +84,7 @@ def _resolve_model(tenant: Tenant, name: str, version: str | None) -> Model:
     if model is None:
         known = ", ".join(sorted(set(allowed.values_list("name", flat=True))))
         raise SubmissionError(f"no enabled model named {name!r}; available: {known or 'none'}", field="model")
-    if not allowed.filter(pk=model.pk).exists():
-        names = sorted(set(allowed.values_list("name", flat=True)))
-        quota = Quota.objects.get(tenant=tenant)
-        which = "allowed_models" if quota.allowed_models.exists() else "allowed_gpu_classes"
-        raise QuotaExceeded(
-            quota=which,
-            limit=names,
-            current=str(model),
-            requested=str(model),
-            message=f"quota {which}: model {model} is not allowed for this tenant; "
-            f"allowed: {', '.join(names) or 'none'}",
-        )
+    quota_check_model(tenant, model, allowed)
     return model
 
 
@@ -230,85 +186,6 @@ def _params_shape_problem(params: Mapping[str, Any]) -> str | None:
             return f"params is nested deeper than {MAX_PARAMS_DEPTH} levels"
         pending.extend((child, depth + 1) for child in children)
     return None
-
-
-@dataclass(frozen=True)
-class QuotaLine:
-    """One limit of a tenant's quota held against a job, as `job_submit` judges it."""
-
-    quota: str
-    """The limit's name, a field of `Quota`."""
-    limit: int
-    used: float
-    """The use so far: jobs not ended, their records, this month's GPU-seconds; 0 for a per-job limit."""
-    adds: float | None
-    """What the job adds; None: not counted at submission (a large input's records), so not limited."""
-    refused: str | None
-    """Why `job_submit` refuses the job on this limit; None: the job fits."""
-
-    @property
-    def left(self) -> float | None:
-        """What would be left with the job counted; below 0: over the limit."""
-        return None if self.adds is None else self.limit - self.used - self.adds
-
-    def exceeded(self) -> QuotaExceeded:
-        requested = self.adds if self.adds is not None else 0
-        return QuotaExceeded(
-            quota=self.quota, limit=self.limit, current=self.used, requested=requested, message=self.refused or ""
-        )
-
-
-def quota_lines(
-    quota: Quota, use: QuotaUsage, *, input_bytes: int, records: int | None, gpu_seconds: float = 0
-) -> list[QuotaLine]:
-    """Each set limit of `quota` held against a job of `input_bytes` and `records` (None: not counted
-    at submission) that is expected to take `gpu_seconds`.
-
-    The monthly GPU-seconds refuse a job only once they are used up: a job's cost is known when it
-    ends, so a job that starts within the month may take it past the limit.
-    """
-    lines: list[QuotaLine] = []
-    if (limit := quota.max_input_bytes) is not None:
-        lines.append(_quota_line("max_input_bytes", limit, used=0, adds=input_bytes, over=input_bytes > limit))
-    if (limit := quota.max_concurrent_jobs) is not None:
-        over = use.concurrent_jobs + 1 > limit
-        lines.append(_quota_line("max_concurrent_jobs", limit, used=use.concurrent_jobs, adds=1, over=over))
-    if (limit := quota.gpu_seconds_per_month) is not None:
-        used = use.gpu_seconds_this_month
-        exhausted = f"quota gpu_seconds_per_month exhausted: limit {limit}, used {used:.1f} this month"
-        lines.append(
-            _quota_line(
-                "gpu_seconds_per_month",
-                limit,
-                used=round(used, 1),
-                adds=gpu_seconds,
-                over=used >= limit,
-                message=exhausted,
-            )
-        )
-    if (limit := quota.max_queued_records) is not None:
-        over = records is not None and use.queued_records + records > limit
-        lines.append(_quota_line("max_queued_records", limit, used=use.queued_records, adds=records, over=over))
-    return lines
-
-
-def _quota_line(
-    name: str, limit: int, *, used: float, adds: float | None, over: bool, message: str | None = None
-) -> QuotaLine:
-    refused = (message or exceeded_message(name, limit, used, adds)) if over else None
-    return QuotaLine(quota=name, limit=limit, used=used, adds=adds, refused=refused)
-
-
-def _reserve_quota(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
-    """Check the tenant's limits with its quota row locked, so concurrent submissions queue up here."""
-    quota = Quota.objects.select_for_update().filter(tenant=tenant).first()
-    if quota is None:
-        Quota.objects.get_or_create(tenant=tenant)
-        quota = Quota.objects.select_for_update().get(tenant=tenant)
-    use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
-    for line in quota_lines(quota, use, input_bytes=input_bytes, records=records):
-        if line.refused is not None:
-            raise line.exceeded()
 
 
 @dataclass(frozen=True)
@@ -441,7 +318,7 @@ def job_submit(
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():
-        _reserve_quota(tenant, input_bytes=checked.size, records=checked.records)
+        quota_reserve(tenant, input_bytes=checked.size, records=checked.records)
         job = accepted.job(checked, job_id=job_id, user=user)
         job.save(force_insert=True)
         JobEvent.objects.create(job=job, status=JobStatus.QUEUED)

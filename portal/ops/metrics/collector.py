@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from portal.catalog.models import GpuClass, Model
 from portal.jobs.models import FINAL_STATUSES, Job
-from portal.jobs.selectors import quota_usage
+from portal.jobs.quota import quota_usage
 from portal.ops.metrics.families import STORED, Family
 from portal.ops.metrics.sweeps import reconcile_last_sweep
 from portal.ops.models import MetricSample

@@ -20,6 +20,8 @@ from django.views.decorators.http import require_POST
 from portal.api.downloads import stream_object, stream_partial
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file
 from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
@@ -27,7 +29,7 @@ from portal.jobs.services.partial import OFFERED_STATUSES, job_partial_output
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
 from portal.jobs.services.stop import CannotStop, job_cancel
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.services.submit import job_submit
 from portal.jobs.services.uploads import UploadTooLarge, upload_store
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view

@@ -10,8 +10,8 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from portal.catalog.models import Model
-from portal.jobs.requests import JobRequest
-from portal.jobs.services.submit import SubmissionError, job_submit
+from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services.submit import job_submit
 from tests.factories import ModelFactory
 
 pytestmark = pytest.mark.django_db

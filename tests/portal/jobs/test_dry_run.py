@@ -20,9 +20,10 @@ from portal.execution import capacity
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard, ShardStatus
-from portal.jobs.requests import JobRequest
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.dry_run import DryRunReport, eta_seconds, job_dry_run
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.config import broker_url
 from tests.factories import ModelFactory, TenantFactory

@@ -11,8 +11,8 @@ import pytest
 
 from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.requests import JobRequest
-from portal.jobs.services.submit import SubmissionError, job_submit
+from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services.submit import job_submit
 from tasks.shared.config import gpu_queue, message_priority
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 

@@ -9,8 +9,9 @@ import pytest
 
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.requests import JobRequest
-from portal.jobs.services.submit import QuotaExceeded, SubmissionError, job_submit
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota
 
 BAD_LINES = [

@@ -9,10 +9,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.jobs.models import Job
-from portal.jobs.requests import JobRequest
+from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.dry_run import DryRunReport, job_dry_run
-from portal.jobs.services.submit import OUTPUT_FORMATS, SubmissionError, job_submit
+from portal.jobs.services.submit import OUTPUT_FORMATS, job_submit
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.formats.inputs import FORMATS
