@@ -45,8 +45,23 @@ def live_slots(queue: str) -> int:
 
 def queue_slots(queue: str) -> int:
     """The slots consuming the queue: its live slots, or as many as the default window assumes."""
+    return slots_or_default(live_slots(queue))
+
+
+def queue_window(queue: str, shard_seconds: float | None = None) -> int:
+    """The most shards of this queue that may be sent and not yet finished (`window_for` its live slots)."""
+    return window_for(live_slots(queue), shard_seconds)
+
+
+def wave_size(queue: str, shard_seconds: float | None = None) -> int:
+    """The most shards of a job sent as one chord on this queue (`wave_for` its live slots)."""
+    return wave_for(live_slots(queue), shard_seconds)
+
+
+def slots_or_default(live: int) -> int:
+    """`live` slots, or where none is known (plain workers, Redis unread) as many as the default window assumes."""
     per_slot = settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
-    return live_slots(queue) or max(1, settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW // per_slot)
+    return live or max(1, settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW // per_slot)
 
 
 def shards_per_slot(shard_seconds: float | None = None) -> int:
@@ -59,23 +74,22 @@ def shards_per_slot(shard_seconds: float | None = None) -> int:
     return max(least, min(ahead, settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT))
 
 
-def wave_size(queue: str, shard_seconds: float | None = None) -> int:
+def window_for(live: int, shard_seconds: float | None = None) -> int:
+    """The most shards that `live` slots may hold sent and not yet finished, for waiting shards estimated
+    at `shard_seconds` each (the longest of them: a late tenant waits behind no more)."""
+    if live == 0:
+        return settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW
+    return live * shards_per_slot(shard_seconds)
+
+
+def wave_for(live: int, shard_seconds: float | None = None) -> int:
     """The most shards of a job sent as one chord (a wave), settled together when its last one ends.
 
     One, unless shards are so short that a slot gets more than its two places (`shards_per_slot`):
     then a slot's places are cut in two waves, so that while one wave's ending is settled the slot
     runs the other. A wave of short shards pays for one callback, one tick and one look at the merge,
-    where each shard alone paid for its own: with one-record shards that was most of a shard's cost.
-    A long shard always goes alone, so that its place frees the moment it ends.
+    where each shard alone paid for its own. A long shard always goes alone, so that its place frees
+    the moment it ends.
     """
     least = settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
-    return max(1, queue_window(queue, shard_seconds) // (queue_slots(queue) * least))
-
-
-def queue_window(queue: str, shard_seconds: float | None = None) -> int:
-    """The most shards of this queue that may be sent and not yet finished, for waiting shards
-    estimated at `shard_seconds` each (the longest of them: a late tenant waits behind no more)."""
-    slots = live_slots(queue)
-    if slots == 0:
-        return settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW
-    return slots * shards_per_slot(shard_seconds)
+    return max(1, window_for(live, shard_seconds) // (slots_or_default(live) * least))

@@ -2,7 +2,7 @@
 
 Each chord callback (`batchery.shard_done`) puts its shards' endings in the queue's inbox, a Redis
 list, and then drains the inbox unless another callback is draining it already. The drainer takes
-up to `DRAIN_BATCH` endings at a time and settles them together (`scheduler.shards_finished`): one
+up to `DRAIN_BATCH` endings at a time and settles them together (`scheduler.endings_settle`): one
 scheduling tick, one ledger write and one merge look per job for the whole batch. A lone ending is
 settled at once, as before; under load, the endings that arrive while one batch is settled make
 the next batch, so the control plane's cost per shard falls as the fleet grows instead of
@@ -25,7 +25,7 @@ from typing import cast
 import redis
 from django.db import InterfaceError, OperationalError
 
-from portal.execution.scheduler import Ending, shards_finished
+from portal.execution.endings import ShardEnding, endings_settle
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -58,18 +58,20 @@ class BatchNotSettled(Exception):
         return f"settling {self.endings} shard endings of {self.queue!r} failed"
 
 
-def shards_finished_report(*, job_id: str, shard_indexes: Sequence[int], queue: str = "") -> None:
+def endings_report(*, job_id: str, shard_indexes: Sequence[int], queue: str = "") -> None:
     """The tasks of a job's shards ended (a chord's): settle them, with the other endings of their
     queue waiting to be settled."""
     # A chord naming several shards sent them as one wave message (`dispatch.shards_send`).
     in_wave = len(shard_indexes) > 1
     client = redis_client()
     try:
-        client.rpush(INBOX_KEY.format(queue=queue), *(_item(Ending(job_id, index, in_wave)) for index in shard_indexes))
+        client.rpush(
+            INBOX_KEY.format(queue=queue), *(_item(ShardEnding(job_id, index, in_wave)) for index in shard_indexes)
+        )
     except redis.RedisError:
         # Without Redis there is nobody to batch with: settle these alone. Their errors are this
         # job's own, so the task fails the job once its retries are spent, as before the inbox.
-        shards_finished([Ending(job_id, index, in_wave) for index in shard_indexes])
+        endings_settle([ShardEnding(job_id, index, in_wave) for index in shard_indexes])
         return
     drain(client, queue)
 
@@ -87,7 +89,7 @@ def drain(client: redis.Redis, queue: str) -> int:
             if raw := cast("list[bytes] | None", client.lpop(inbox, DRAIN_BATCH)):
                 endings = [_parse(item) for item in raw]
                 try:
-                    shards_finished(endings)
+                    endings_settle(endings)
                 except Exception as exc:
                     client.lpush(inbox, *reversed(raw))
                     transient = isinstance(exc, (OperationalError, InterfaceError))
@@ -102,10 +104,10 @@ def drain(client: redis.Redis, queue: str) -> int:
             return settled
 
 
-def _item(ending: Ending) -> str:
+def _item(ending: ShardEnding) -> str:
     return f"{ending.job_id}:{ending.shard_index}:w" if ending.in_wave else f"{ending.job_id}:{ending.shard_index}"
 
 
-def _parse(item: bytes) -> Ending:
+def _parse(item: bytes) -> ShardEnding:
     job_id, index, *wave = item.decode().split(":")
-    return Ending(job_id, int(index), bool(wave))
+    return ShardEnding(job_id, int(index), bool(wave))

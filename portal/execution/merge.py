@@ -30,8 +30,8 @@ import orjson
 import redis
 from django.utils import timezone
 
-from portal.execution.settle import UNSETTLED, read_manifest, shard_record_failure, shard_record_success
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
+from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
 from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
@@ -333,7 +333,7 @@ def _stopped_outcomes(shards: list[Shard], reason: str) -> list[ShardOutcome]:
     return outcomes
 
 
-def job_merge_advance(*, job_id: str, holder: str = "advance") -> None:
+def job_merge_advance(*, job_id: str, worker: str = "advance") -> None:
     """Stitch the first round's settled shards that follow what is stitched already, while the
     job's later shards run; what this leaves (a lease held, a store that failed) the next call or
     the merge at the end takes."""
@@ -344,7 +344,7 @@ def job_merge_advance(*, job_id: str, holder: str = "advance") -> None:
         # A lease taken without Redis excludes nobody, and two stitchers could race the merge's
         # publish: without Redis, the merge at the end does it all.
         redis_client().ping()
-        with Lease(job_lease_key("merge-advance", job_id), holder, exclusive=True):
+        with Lease(job_lease_key("merge-advance", job_id), worker, exclusive=True):
             # Taken after ours, the merge lease means the merge at the end has begun: it stitches
             # the rest itself (and waits for our lease before it reads the cursor).
             if lease_holder(job_lease_key("merge", job_id)) is not None:
@@ -384,7 +384,7 @@ def _wait_for_advances(job_id: str) -> None:
         time.sleep(0.01)
 
 
-def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -> None:
+def job_merge(*, job_id: str, stop: str | None = None, worker: str = "merger") -> None:
     """Merge a running job once its shards are done, or at once a job stopped with `stop`."""
     # A merge that died mid-way (its message redelivered, or sent again by the reconciler) resumes.
     if stop == "cancelled":
@@ -394,7 +394,7 @@ def job_merge(*, job_id: str, stop: str | None = None, holder: str = "merger") -
     else:
         resumable = {JobStatus.RUNNING, JobStatus.MERGING}
     try:
-        with Lease(job_lease_key("merge", job_id), holder, exclusive=True):
+        with Lease(job_lease_key("merge", job_id), worker, exclusive=True):
             _wait_for_advances(job_id)
             # Read under the lease: what an earlier holder did is in the row.
             job = Job.objects.select_related("model").get(pk=job_id)

@@ -45,7 +45,8 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from portal.execution.dispatch import job_queue
-from portal.execution.scheduler import merge_when_settled, schedule_job, schedule_queue
+from portal.execution.endings import merge_when_settled
+from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, records_room
@@ -351,11 +352,11 @@ def _cut_shards(
     return check
 
 
-def job_plan(*, job_id: str, holder: str = "planner") -> None:
+def job_plan(*, job_id: str, worker: str = "planner") -> None:
     """Plan a queued job. A job found `planning` is planned again, resuming after the shards already
     created: its planner died, unless a live planner still holds the job's plan lease."""
     try:
-        with Lease(job_lease_key("plan", job_id), holder, exclusive=True):
+        with Lease(job_lease_key("plan", job_id), worker, exclusive=True):
             if job_transition(job_id=job_id, source=JobStatus.QUEUED, target=JobStatus.PLANNING):
                 _plan(job_id, resumed=False)
             elif job_transition(job_id=job_id, source=JobStatus.PLANNING, target=JobStatus.PLANNING):

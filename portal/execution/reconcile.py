@@ -29,9 +29,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.execution.dispatch import job_queue
-from portal.execution.scheduler import SETTLING, schedule_all, shard_hold_back, shards_requeue
-from portal.execution.settle import Settled, shard_settle
-from portal.jobs.models import FINAL_STATUSES, Job, JobStatus, Shard, ShardStatus
+from portal.execution.endings import shard_hold_back, shards_requeue
+from portal.execution.scheduler import schedule_all
+from portal.execution.settle import Settled, shards_settle
+from portal.jobs.models import FINAL_STATUSES, SETTLING, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.stop import job_expire
 from portal.jobs.services.transitions import job_fail
 from tasks import send
@@ -130,8 +131,7 @@ def _unattended(job: Job, now: dt.datetime) -> list[Shard]:
 
 def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
     lost = []
-    for shard in _unattended(job, now):
-        settled = shard_settle(job, shard)
+    for shard, settled in shards_settle(job, _unattended(job, now)):
         if settled is Settled.HELD:
             shard_hold_back(shard)
         elif settled is Settled.RETRY or (settled is Settled.RUNNING and _lost(shard, pending, now)):

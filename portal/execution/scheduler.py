@@ -1,19 +1,14 @@
-"""The scheduler: every decision to send a shard, or to send it again, is made here.
+"""The scheduler: which waiting shards each GPU queue sends, and when.
 
-A running job's shards wait in PostgreSQL (status `pending`), not in the broker. Each GPU queue has
-a window (`portal.execution.capacity`): about two shards per live slot. Whenever places free up (a
-shard ends, a job starts, the reconciler sweeps), `schedule_queue` fills them in fair-share order
-(`portal.execution.fair_share`) and sends each job's claimed shards as chords (dispatch waves) of
-one shard, or of a few when shards are short (`capacity.wave_size`). A chord's callback
-`batchery.shard_done` settles its shards, fills their places again at once and, once none of the
-job's shards is unsettled, sends the merge. A chord per job could only merge at its end; a wave of
-one refills a slot's place the moment it frees, and a wave of short shards settles them for the
-price of one.
-
-So a tenant arriving behind another's large job waits for at most one shard per slot, not for the
-whole backlog. Everything the scheduler decides from lives in PostgreSQL (shard rows, the usage
-ledger), so after Redis is lost the reconciler's next sweep rebuilds it: shards whose messages were
-lost go back to `pending` and are sent again in fair-share order.
+A tick of a queue (`schedule_queue`) reads, under the queue's lock, what it decides from (`QueueState`:
+its live slots, its shards in flight, its waiting jobs by tenant with their decayed usage); `decide`, a
+pure function, shares the window's free places between the waiting jobs in fair-share order
+(`DispatchPlan`); the tick marks the chosen rows dispatched and charges their estimates in one
+transaction, and `dispatch.shards_send` sends them once it commits. Ticks run where places free up
+(`endings`), where a job's shards appear (planning, retry, resume) and at each sweep (`schedule_all`);
+with nothing left to send, idle slots get copies of stragglers. Everything a tick reads is in
+PostgreSQL but the live slots, so after Redis is lost the next sweep rebuilds the queues. The story is
+told in docs/architecture.md (Fair share).
 """
 
 from __future__ import annotations
@@ -21,18 +16,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, Max, OuterRef
+from django.db import connection, transaction
+from django.db.models import Count, F, Max
 from django.utils import timezone
 
-from gpuworkers.logs import log_context
-from portal.execution.capacity import queue_slots, queue_window, wave_size
+from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
 from portal.execution.costs import shard_cost_estimate
 from portal.execution.decayed_usage import usage_charge, usage_read
 from portal.execution.dispatch import (
@@ -44,22 +36,52 @@ from portal.execution.dispatch import (
     task_id_column,
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
-from portal.execution.merge import job_merge, job_merge_advance
-from portal.execution.settle import UNSETTLED, Settled, SettleLedger, shards_settle
-from portal.execution.signals import jobs_progressed, shards_redispatched
-from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
+from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
-from portal.jobs.services.transitions import job_fail
 from tasks import send
-from tasks.shared.config import SHARD_MAX_DISPATCHES
 
 logger = logging.getLogger(__name__)
 
-SCHEDULABLE = (JobStatus.PLANNING, JobStatus.RUNNING)
-"""Statuses whose pending shards are sent: a job's shards are sent while its planner still cuts more."""
-SETTLING = (JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED)
-"""Statuses whose shards may still be sent or ending: a planning job's first shards run while its
-planner cuts more, and a paused job's running shards finish."""
+
+@dataclass(frozen=True)
+class QueueState:
+    """What a tick of one queue decides from, read under the queue's lock."""
+
+    live_slots: int
+    """Slots consuming the queue, by their heartbeats; 0 where none is known (the default window)."""
+    in_flight: int
+    """The queue's shards sent and not yet ended."""
+    tenants: list[TenantQueue]
+    """The jobs with shards waiting, by tenant, with each tenant's decayed usage and weight."""
+    gpus_per_replica: int
+    """GPUs a replica of the queue's models spans: a shard's GPU-seconds over this are its seconds."""
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """What a tick sends: shards of each job, in fair-share order, in chords of at most `wave` shards."""
+
+    shards: dict[str, int]
+    """Job id -> how many of its waiting shards to send now (its first ones by index)."""
+    wave: int
+    """The most shards of a job in one chord (`capacity.wave_for`)."""
+
+
+def decide(state: QueueState) -> DispatchPlan:
+    """The places free in the queue's window, shared out between the waiting jobs (`fair_share.share_out`).
+
+    The window is sized by the longest waiting shard (a tenant arriving next waits behind no more than
+    a slot's places of it). Reads nothing: every fact is in `state`."""
+    longest = max((job.shard_cost for tenant in state.tenants for job in tenant.jobs), default=0.0)
+    shard_seconds = longest / state.gpus_per_replica
+    wave = wave_for(state.live_slots, shard_seconds)
+    free = window_for(state.live_slots, shard_seconds) - state.in_flight
+    if free <= 0:
+        return DispatchPlan(shards={}, wave=wave)
+    # `share_out` charges as it chooses: it works on copies, so that `state` stays as it was read.
+    tenants = [replace(tenant, jobs=[replace(job) for job in tenant.jobs]) for tenant in state.tenants]
+    chosen, _ = share_out(free, tenants)
+    return DispatchPlan(shards=dict(chosen), wave=wave)
 
 
 def _lock_queue(queue: str) -> None:
@@ -103,16 +125,19 @@ def schedule_queue(queue: str) -> int:
             return len(copies)
         gpu_class_id = waiting[0].model.gpu_class_id
         tenant_queues, firsts = _tenant_queues(waiting, counts, longest_waiting, gpu_class_id)
-        longest = max(job.shard_cost for tenant in tenant_queues for job in tenant.jobs)
-        shard_seconds = longest / waiting[0].model.gpus_per_replica
-        free = queue_window(queue, shard_seconds=shard_seconds) - in_flight
-        if free <= 0:
+        state = QueueState(
+            live_slots=live_slots(queue),
+            in_flight=in_flight,
+            tenants=tenant_queues,
+            gpus_per_replica=waiting[0].model.gpus_per_replica,
+        )
+        plan = decide(state)
+        if not plan.shards:
             return 0
-        chosen, _ = share_out(free, tenant_queues)
         by_id = {str(job.id): job for job in waiting}
         charges: dict[int, float] = defaultdict(float)
         now = timezone.now()
-        for job_id, count in chosen.items():
+        for job_id, count in plan.shards.items():
             job = by_id[job_id]
             if count == 1 and job_id in firsts:
                 shards = [firsts[job_id]]  # read under this tick's lock: still the job's first waiting shard
@@ -132,9 +157,8 @@ def schedule_queue(queue: str) -> int:
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
     # with no message, which the reconciler sends again; the reverse would run shards the database
     # does not know were sent.
-    wave = wave_size(queue, shard_seconds)
     for job, shards in claimed:
-        shards_send(job, shards, wave=wave)
+        shards_send(job, shards, wave=plan.wave)
     sent = sum(len(shards) for _, shards in claimed)
     logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
     return sent
@@ -230,7 +254,7 @@ def schedule_job(*, job_id: str) -> None:
         logger.info("job %s is %s; not scheduling", job_id, job.status)
         return
     if not job.shards.exists():
-        _send_merge(job_id)
+        send.send_merge(job_id)
         return
     schedule_queue(job_queue(job))
 
@@ -248,156 +272,3 @@ def schedule_all() -> int:
         except Exception:
             logger.exception("scheduling %s failed; the next sweep tries again", queue)
     return sent
-
-
-def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
-    """Put shards whose message was lost or whose task was killed back to pending; return how many.
-
-    Each goes back only if it still carries the task id it was last sent with, so two reconcilers
-    cannot both send it. A shard sent too often fails for good instead. The caller schedules.
-    """
-    requeued: list[Shard] = []
-    for shard in shards:
-        if shard.attempt >= SHARD_MAX_DISPATCHES:
-            Shard.objects.filter(pk=shard.pk, task_id=shard.task_id).update(
-                status=ShardStatus.FAILED,
-                error=f"sent {shard.attempt} times and never finished ({reason})",
-                error_codes={"shard_failed": shard.record_count},
-            )
-            continue
-        if Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
-            status=ShardStatus.PENDING
-        ):
-            requeued.append(shard)
-    if requeued:
-        logger.warning("job %s: %d shards to send again: %s", job.id, len(requeued), reason)
-        shards_redispatched.send(sender=Job, job=job, count=len(requeued))
-        _refund(job, requeued)
-    return len(requeued)
-
-
-def shard_finished(*, job_id: str, shard_index: int) -> None:
-    """A shard's task returned or failed (its chord callback): settle it, refill its place, stitch
-    what has finished, merge when all settled."""
-    shards_finished([(job_id, shard_index)])
-
-
-class Ending(NamedTuple):
-    """A shard whose task returned or failed, as its chord's callback reports it."""
-
-    job_id: str
-    shard_index: int
-    in_wave: bool = False
-    """Its message was a wave's (`run_shards`), which has ended: see `settle.shard_settle`'s `wave_ended`."""
-
-
-def shards_finished(endings: Iterable[Ending | tuple[str, int]]) -> None:
-    """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them): a job's
-    committed shards' rows are written in one statement, the usage ledger and the throughput fit once,
-    each queue is scheduled once and each job is looked at for its merge once, however many shards ended.
-
-    A job whose shard output contradicts its row fails; a database error goes up (the caller gives
-    the endings back and the task retries); any other error leaves that job's shards to the
-    reconciler's sweep and the other jobs are settled now."""
-    by_job: defaultdict[str, dict[int, bool]] = defaultdict(dict)
-    for job_id, index, in_wave in (Ending(*ending) for ending in endings):
-        by_job[str(job_id)][int(index)] = in_wave
-    rows = Job.objects.select_related("model__gpu_class", "tenant").filter(pk__in=list(by_job))
-    jobs = {str(job.pk): job for job in rows}
-    ledger = SettleLedger()
-    settled_jobs: list[Job] = []
-    for job_id, indexes in by_job.items():
-        job = jobs.get(job_id)
-        if job is None:
-            continue  # deleted since: nothing to settle
-        try:
-            _settle_shards(job, indexes, ledger)
-        except (OperationalError, InterfaceError):
-            raise
-        except ValueError as exc:
-            job_fail(job_id=job_id, reason=f"refused inconsistent shard output: {exc}")
-            continue
-        except Exception:
-            logger.exception("job %s: settling shards %s failed; the reconciler tries again", job_id, sorted(indexes))
-            continue
-        settled_jobs.append(job)
-    ledger.flush()
-    for queue in sorted({job_queue(job) for job in jobs.values()}):
-        schedule_queue(queue)
-    running: list[Job] = []
-    for job in settled_jobs:
-        if not merge_when_settled(job, small_here=True):
-            # Stitch what has finished now, so the merge at the end has only the tail left.
-            job_merge_advance(job_id=str(job.id), holder="settle")
-            running.append(job)
-    # A job that merges now tells its end instead (`job_ended`): a one-record job's ending asked for
-    # its tenant's endpoints twice.
-    jobs_progressed.send(sender=Job, jobs=running)
-
-
-def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:
-    """Settle the job's shards of these indexes (-> whether they ended in a wave)."""
-    unsettled = Shard.objects.filter(job=job, index__in=list(indexes), status__in=UNSETTLED).order_by("index")
-    in_wave = {index for index, ended_in_wave in indexes.items() if ended_in_wave}
-    for shard, settled in shards_settle(job, list(unsettled), ledger, ended_in_wave=in_wave):
-        if settled is Settled.RETRY:
-            shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
-        elif settled is Settled.HELD:
-            shard_hold_back(shard)
-
-
-def shard_hold_back(shard: Shard) -> None:
-    """A shard that arrived while its job was paused waits again; that dispatch does not count."""
-    if Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
-        status=ShardStatus.PENDING, attempt=F("attempt") - 1
-    ):
-        _refund(Job.objects.select_related("model").get(pk=shard.job_id), [shard])
-
-
-def _refund(job: Job, shards: Sequence[Shard]) -> None:
-    """Take back the estimate charged when the shards were sent: they go back unrun, and are charged
-    again when sent again. Without this, a tenant whose messages were lost would pay for them twice."""
-    estimate = sum(shard_cost_estimate(job, shard) for shard in shards)
-    usage_charge(charges={job.tenant_id: -estimate}, gpu_class_id=job.model.gpu_class_id)
-
-
-def merge_when_settled(job: Job, *, small_here: bool = False) -> bool:
-    """Send the merge of a running job none of whose shards of the current round is unsettled; with
-    `small_here`, a job of at most `BATCHERY_INLINE_MERGE_MAX_RECORDS` records merges in this call.
-
-    The status is read afresh: a shard's callback holds its job as read before it settled the shard,
-    and the job may have ended planning since (a `planning` job never merges: its last shard is not
-    cut yet), so that whichever of the two comes second sends the merge."""
-    unsettled = Shard.objects.filter(job=OuterRef("pk"), round=job.retry_round, status__in=UNSETTLED)
-    fresh = (
-        Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING)
-        .values("total_records", unsettled=Exists(unsettled))
-        .first()
-    )
-    if fresh is None or fresh["unsettled"]:
-        return False
-    records = fresh["total_records"]
-    if small_here and records is not None and records <= settings.BATCHERY_INLINE_MERGE_MAX_RECORDS:
-        _merge_here(str(job.id))
-    else:
-        _send_merge(str(job.id))
-    return True
-
-
-def _merge_here(job_id: str) -> None:
-    """Merge a small job in the settling callback: the merge task's hop through the broker is most of
-    a one-record job's tail. Whatever stops it here, the merge task takes over and resumes it.
-
-    Its lines carry the job's id as the merge task's do: the callback itself may settle several jobs."""
-    try:
-        with log_context(job_id=job_id):
-            job_merge(job_id=job_id, holder=f"settle:{os.getpid()}")
-    except Exception:
-        logger.warning(
-            "job %s: merging in the settling callback failed; the merge task takes over", job_id, exc_info=True
-        )
-        _send_merge(job_id)
-
-
-def _send_merge(job_id: str) -> None:
-    send.send_merge(job_id)

@@ -28,7 +28,6 @@ from tasks.shared.stops import PAUSED
 
 # Failures a new attempt may not repeat: the task was killed or its process died.
 TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})
-UNSETTLED = (ShardStatus.PENDING, ShardStatus.DISPATCHED)
 
 
 class Settled(enum.Enum):
@@ -168,23 +167,17 @@ def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed
     )
 
 
-def shard_settle(job: Job, shard: Shard, ledger: SettleLedger | None = None, *, wave_ended: bool = False) -> Settled:
-    """Look at an unsettled shard's commit and task; record what ended, say what is to be done.
-
-    A committed shard's usage correction and throughput go into `ledger` (the caller flushes it);
-    without one, they are written at once. With `wave_ended`, the wave message that carried the shard
-    (`run_shards`) has ended, so a shard with no outcome of its own never ran to its end: the wave's
-    time limit or a lost worker ended it there (RETRY), or it waited behind the shard that did (HELD:
-    that sending does not count)."""
-    [(_, settled)] = shards_settle(job, [shard], ledger, ended_in_wave={shard.index} if wave_ended else set())
-    return settled
-
-
 def shards_settle(
     job: Job, shards: Sequence[Shard], ledger: SettleLedger | None = None, *, ended_in_wave: Set[int] = frozenset()
 ) -> list[tuple[Shard, Settled]]:
-    """`shard_settle` of each of a job's shards (`wave_ended` for the indexes in `ended_in_wave`); the rows
-    of those committed are written together (`shards_record_success`)."""
+    """Look at each of a job's unsettled shards' commit and task; record what ended, say what is to be done
+    with each. The rows of those committed are written together (`shards_record_success`).
+
+    A committed shard's usage correction and throughput go into `ledger` (the caller flushes it);
+    without one, they are written at the end. For the indexes in `ended_in_wave`, the wave message that
+    carried the shard (`run_shards`) has ended, so a shard with no outcome of its own never ran to its
+    end: the wave's time limit or a lost worker ended it there (RETRY), or it waited behind the shard
+    that did (HELD: that sending does not count)."""
     into = ledger or SettleLedger()
     outcomes: list[tuple[Shard, Settled]] = []
     committed: list[tuple[Shard, ShardManifest]] = []

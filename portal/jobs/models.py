@@ -29,6 +29,11 @@ class JobStatus(models.TextChoices):
 FINAL_STATUSES = frozenset(
     {JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
 )
+SCHEDULABLE = (JobStatus.PLANNING, JobStatus.RUNNING)
+"""Statuses whose pending shards are sent: a job's shards are sent while its planner still cuts more."""
+SETTLING = (JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED)
+"""Statuses whose shards may still be sent or ending: a planning job's first shards run while its
+planner cuts more, and a paused job's running shards finish."""
 # Endings from which `retry` re-runs the failed records.
 RETRYABLE_STATUSES = frozenset({JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED})
 
@@ -131,6 +136,10 @@ class ShardStatus(models.TextChoices):
     DISPATCHED = "dispatched"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+
+UNSETTLED = (ShardStatus.PENDING, ShardStatus.DISPATCHED)
+"""Shard statuses of a shard that has not ended: waiting to be sent, or sent."""
 
 
 class Shard(models.Model):

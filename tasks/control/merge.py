@@ -21,4 +21,4 @@ from tasks.shared.config import MERGE_TASK
 def merge_job(self: Any, job_id: str, stop: str | None = None) -> None:
     from portal.execution.merge import job_merge
 
-    job_merge(job_id=job_id, stop=stop, holder=f"{self.request.hostname}:{self.request.id}")
+    job_merge(job_id=job_id, stop=stop, worker=f"{self.request.hostname}:{self.request.id}")

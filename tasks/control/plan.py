@@ -13,4 +13,4 @@ from tasks.shared.config import PLAN_TASK
 def plan_job(self: Any, job_id: str) -> None:
     from portal.execution.plan import job_plan
 
-    job_plan(job_id=job_id, holder=f"{self.request.hostname}:{self.request.id}")
+    job_plan(job_id=job_id, worker=f"{self.request.hostname}:{self.request.id}")

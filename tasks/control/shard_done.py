@@ -24,12 +24,12 @@ from tasks.shared.config import SHARDS_ENDED_TASK
     fails_job_from=frozenset({"running"}),
 )
 def shard_done(self: Any, job_id: str, shard_indexes: int | list[int], queue: str = "") -> None:
-    from portal.execution.endings_inbox import BatchNotSettled, shards_finished_report
+    from portal.execution.endings_inbox import BatchNotSettled, endings_report
 
     # One index: a chord of one shard, sent before chords held several (a message of an older release).
     indexes = [shard_indexes] if isinstance(shard_indexes, int) else shard_indexes
     try:
-        shards_finished_report(job_id=job_id, shard_indexes=indexes, queue=queue)
+        endings_report(job_id=job_id, shard_indexes=indexes, queue=queue)
     except BatchNotSettled as exc:
         if not exc.transient:
             raise

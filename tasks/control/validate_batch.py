@@ -35,7 +35,7 @@ def validate_batch(self: Any, batch_id: str) -> bool:
     from portal.batches.services.validation import batch_validate
 
     try:
-        return batch_validate(batch_id=batch_id, holder=f"{self.request.hostname}:{self.request.id}")
+        return batch_validate(batch_id=batch_id, worker=f"{self.request.hostname}:{self.request.id}")
     except TransientStorageError as exc:
         # A storage hiccup passes: read the file again later rather than fail the batch.
         raise self.retry(exc=exc, countdown=min(60, 2**self.request.retries)) from exc

@@ -11,7 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.execution.scheduler import merge_when_settled, schedule_queue
+from portal.execution.endings import merge_when_settled
+from portal.execution.scheduler import schedule_queue
 from portal.execution.settle import shards_record_success
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.requests import JobRequest
@@ -149,7 +150,7 @@ def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_en
     gpu_class: Any, tmp_path: Path
 ) -> None:
     from bench.reconcile import write_commit
-    from portal.execution.scheduler import shards_finished
+    from portal.execution.endings import endings_settle
 
     job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.DISPATCHED])
     Job.objects.filter(pk=job.pk).update(errors_uri=(tmp_path / "errors.jsonl").as_uri())
@@ -158,7 +159,7 @@ def test_a_small_job_merged_where_its_last_shard_settles_asks_for_its_tenants_en
     Path(shard.prefix_uri.removeprefix("file://")).joinpath("out.jsonl").write_text('{"custom_id": "a"}\n')
     Path(shard.prefix_uri.removeprefix("file://")).joinpath("errors.jsonl").write_text("")
 
-    _, statements = _statements(lambda: shards_finished([(str(job.pk), 0)]))
+    _, statements = _statements(lambda: endings_settle([(str(job.pk), 0)]))
 
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED

@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 from bench.reconcile import write_commit
-from portal.execution import scheduler
-from portal.execution.scheduler import schedule_queue, shard_finished
+from portal.execution import endings
+from portal.execution.endings import ShardEnding, endings_settle
+from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard
 from tasks.shared.config import gpu_queue
 from tests.factories import ModelFactory, TenantFactory
@@ -25,7 +26,7 @@ RECORDS = 3
 def merges_sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The jobs whose merge went to the merge task (none runs here)."""
     sent: list[str] = []
-    monkeypatch.setattr(scheduler, "_send_merge", sent.append)
+    monkeypatch.setattr(endings, "_send_merge", sent.append)
     return sent
 
 
@@ -70,7 +71,7 @@ def test_a_small_job_ends_in_the_callback_that_settled_its_last_shard(
 ) -> None:
     job, output = _finished_one_shard_job(tmp_path, gpu_class)
 
-    shard_finished(job_id=str(job.pk), shard_index=0)
+    endings_settle([ShardEnding(str(job.pk), 0)])
 
     job.refresh_from_db()
     assert (job.status, job.succeeded_records, job.failed_records) == (JobStatus.SUCCEEDED, RECORDS, 0)
@@ -84,7 +85,7 @@ def test_a_job_above_the_limit_gets_the_merge_task(
     settings.BATCHERY_INLINE_MERGE_MAX_RECORDS = RECORDS - 1
     job, _ = _finished_one_shard_job(tmp_path, gpu_class)
 
-    shard_finished(job_id=str(job.pk), shard_index=0)
+    endings_settle([ShardEnding(str(job.pk), 0)])
 
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING
@@ -98,7 +99,7 @@ def test_a_merge_that_fails_in_the_callback_is_handed_to_the_merge_task(
     job, _ = _finished_one_shard_job(tmp_path, gpu_class)
     (tmp_path / str(job.pk) / "shard-0" / "out.jsonl").unlink()  # its store fails mid-merge
 
-    shard_finished(job_id=str(job.pk), shard_index=0)
+    endings_settle([ShardEnding(str(job.pk), 0)])
 
     job.refresh_from_db()
     assert job.status == JobStatus.MERGING, "left for the merge task to resume, not failed"

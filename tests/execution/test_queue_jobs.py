@@ -9,8 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from portal.execution.scheduler import SCHEDULABLE
-from portal.jobs.models import Job, JobStatus
+from portal.jobs.models import SCHEDULABLE, Job, JobStatus
 from portal.jobs.selectors import queue_jobs
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
 

@@ -15,17 +15,18 @@ from django.utils import timezone
 
 from bench.reconcile import write_commit
 from portal.catalog.models import ModelThroughput
-from portal.execution import capacity, scheduler
+from portal.execution import capacity, endings, scheduler
 from portal.execution.decayed_usage import usage_read
+from portal.execution.endings import ShardEnding, endings_settle, shards_requeue
 from portal.execution.endings_inbox import (
     DRAIN_LOCK_KEY,
     INBOX_KEY,
     BatchNotSettled,
     drain,
-    shards_finished_report,
+    endings_report,
 )
 from portal.execution.reconcile import SETTLE_GRACE_S, jobs_reconcile
-from portal.execution.scheduler import schedule_queue, shard_finished, shards_requeue
+from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.tenancy.models import FairShareUsage
 from tasks.shared.config import gpu_queue
@@ -110,7 +111,7 @@ def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refill
     first = job.shards.get(index=0)
     write_commit(first, compute_seconds=4.0)
 
-    shard_finished(job_id=str(job.pk), shard_index=0)
+    endings_settle([ShardEnding(str(job.pk), 0)])
 
     first.refresh_from_db()
     assert (first.status, first.compute_seconds) == (ShardStatus.SUCCEEDED, 4.0)
@@ -125,16 +126,15 @@ def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refill
 def test_the_merge_is_sent_once_no_shard_of_the_job_is_unsettled(
     gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from portal.execution import scheduler
 
     merges: list[str] = []
-    monkeypatch.setattr(scheduler, "_send_merge", merges.append)
+    monkeypatch.setattr(endings, "_send_merge", merges.append)
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=2)
     schedule_queue(gpu_queue(gpu_class.name))
     for shard in job.shards.order_by("index"):
         write_commit(shard, compute_seconds=1.0)
-        shard_finished(job_id=str(job.pk), shard_index=shard.index)
+        endings_settle([ShardEnding(str(job.pk), shard.index)])
         merges_expected = [str(job.pk)] if shard.index == 1 else []
         assert merges == merges_expected
 
@@ -224,7 +224,7 @@ def test_a_shard_that_arrived_while_its_job_was_paused_waits_again_at_no_cost(
         first.task_id, {"job_id": str(job.pk), "shard_index": 0, "skipped": "paused"}, states.SUCCESS
     )
 
-    shard_finished(job_id=str(job.pk), shard_index=0)
+    endings_settle([ShardEnding(str(job.pk), 0)])
 
     first.refresh_from_db()
     assert (first.status, first.attempt) == (ShardStatus.PENDING, 0)
@@ -302,13 +302,13 @@ def test_endings_that_arrive_while_a_batch_is_settled_are_settled_next_in_one_ti
     client = redis_client()
     ticks = Counter[str]()
     schedule = scheduler.schedule_queue
-    monkeypatch.setattr(scheduler, "schedule_queue", lambda q: ticks.update([q]) or schedule(q))
+    monkeypatch.setattr(endings, "schedule_queue", lambda q: ticks.update([q]) or schedule(q))
 
     # Another callback is settling a batch: these endings wait for it, and their callbacks return.
     held = client.lock(DRAIN_LOCK_KEY.format(queue=queue), timeout=30)
     assert held.acquire(blocking=False)
     for index in range(4):
-        shards_finished_report(job_id=str(job.pk), shard_indexes=[index], queue=queue)
+        endings_report(job_id=str(job.pk), shard_indexes=[index], queue=queue)
     assert _dispatched(job) == 4 and not job.shards.filter(status=ShardStatus.SUCCEEDED).exists()
     held.release()
 
@@ -338,11 +338,11 @@ def test_a_batch_that_fails_gives_its_endings_back_in_order_and_lets_go(
     inbox = INBOX_KEY.format(queue=queue)
     client = redis_client()
 
-    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "endings_settle", _database_down)
     try:
         client.rpush(inbox, b"job-a:3", b"job-b:1")
         with pytest.raises(BatchNotSettled) as raised:
-            shards_finished_report(job_id="job-a", shard_indexes=[4], queue=queue)
+            endings_report(job_id="job-a", shard_indexes=[4], queue=queue)
 
         assert raised.value.transient and isinstance(raised.value.__cause__, OperationalError)
         assert client.lrange(inbox, 0, -1) == [b"job-a:3", b"job-b:1", b"job-a:4"]
@@ -363,7 +363,7 @@ def test_a_batch_that_fails_for_good_fails_none_of_the_jobs_whose_endings_it_hel
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     named = _running_job(TenantFactory(name="named"), model, tmp_path, shards=1)
     other = _running_job(TenantFactory(name="other"), model, tmp_path, shards=1)
-    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "endings_settle", _database_down)
     monkeypatch.setattr(shard_done, "max_retries", 0)  # its retries are spent
     try:
         client.rpush(inbox, f"{other.pk}:0")
@@ -393,7 +393,7 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
     model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
     job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=1)
     monkeypatch.setattr(endings_inbox, "redis_client", RedisDown)
-    monkeypatch.setattr(endings_inbox, "shards_finished", _database_down)
+    monkeypatch.setattr(endings_inbox, "endings_settle", _database_down)
     monkeypatch.setattr(shard_done, "max_retries", 0)
 
     assert shard_done.apply(args=(str(job.pk), 0, gpu_queue(gpu_class.name))).failed()

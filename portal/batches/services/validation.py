@@ -57,8 +57,8 @@ def validation_task_id(batch_id: str) -> str:
     return f"validate-{batch_id}"
 
 
-class _CatalogJudge:
-    """`convert_requests`' judges of ``dimensions`` and of params: the catalog entry each request's model names,
+class _CatalogChecks:
+    """`convert_requests`' checks of ``dimensions`` and of params: the catalog entry each request's model names,
     looked up once per name. No such model: the submission refuses the batch naming body.model."""
 
     def __init__(self) -> None:
@@ -88,7 +88,7 @@ def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str) -> Re
     """Check the input file at `source_uri` line by line and write its requests to `job_input` as Batchery
     records; `job_input` is deleted again when the file has bad lines."""
     store = store_for(job_input)
-    judge = _CatalogJudge()
+    checks = _CatalogChecks()
     with store_for(source_uri).open_read(source_uri) as source, store.open_write(job_input) as target:
         conversion = convert_requests(
             iter(partial(source.readline, MAX_LINE_BYTES + 1), b""),
@@ -96,8 +96,8 @@ def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str) -> Re
             endpoint=endpoint,
             max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
             max_line_bytes=MAX_LINE_BYTES,
-            dimensions_problem=judge.dimensions_problem,
-            params_problem=judge.params_problem,
+            dimensions_problem=checks.dimensions_problem,
+            params_problem=checks.params_problem,
         )
     if not conversion.ok or conversion.model is None:
         store.delete_prefix(job_input)
@@ -163,7 +163,7 @@ def _remaining_window_s(batch: Batch, now: dt.datetime) -> float:
     return max(1.0, window_s - (now - batch.created_at).total_seconds())
 
 
-def batch_validate(*, batch_id: str, holder: str = "") -> bool:
+def batch_validate(*, batch_id: str, worker: str = "") -> bool:
     """Validate a batch that reads `validating` (the control task's side of `batch_create`): submit its job,
     or end it `failed` with line-numbered `errors`. True if this call settled it.
 
@@ -174,7 +174,7 @@ def batch_validate(*, batch_id: str, holder: str = "") -> bool:
     if batch is None:
         return False
     try:
-        with Lease(validation_lease_key(batch_id), holder or "validate", exclusive=True):
+        with Lease(validation_lease_key(batch_id), worker or "validate", exclusive=True):
             return _validate(batch)
     except LeaseHeld as exc:
         logger.info("batch %s is being validated by %s; leaving it", batch_id, exc.holder)

@@ -26,10 +26,8 @@ from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import InputPosition, job_records
-from portal.execution.scheduler import SCHEDULABLE
-from portal.execution.settle import UNSETTLED
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
-from portal.jobs.models import Job, Shard
+from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs

@@ -61,7 +61,8 @@ def job_pause(*, job: Job, actor: User | None = None) -> Job:
 
 def job_resume(*, job: Job, actor: User | None = None) -> Job:
     """Resume a paused job: its waiting shards are scheduled again, and it merges if none is left."""
-    from portal.execution.scheduler import merge_when_settled, schedule_job
+    from portal.execution.endings import merge_when_settled
+    from portal.execution.scheduler import schedule_job
 
     job_id = str(job.id)
     with transaction.atomic():

@@ -32,7 +32,7 @@ def _job(root: Path, *, output_format: str = "jsonl") -> Job:
 
 
 def _settle(shard: Shard) -> None:
-    """What `shard_settle` records for the shard: its commit, or its failure for good."""
+    """What `shards_settle` records for the shard: its commit, or its failure for good."""
     committed_settle(shard, LAYOUT)
 
 
@@ -46,7 +46,7 @@ def _merged_at_the_end(root: Path, **fields: Any) -> Job:
 
 
 def _merged_as_shards_finish(root: Path, **fields: Any) -> tuple[Job, list[MergeCursor]]:
-    """Shards settle out of order, each stitched ahead as `shard_finished` does; the last one merges."""
+    """Shards settle out of order, each stitched ahead as `endings_settle` does; the last one merges."""
     job = _job(root, **fields)
     shards = list(job.shards.order_by("index"))
     *early, last = shards
