@@ -67,7 +67,7 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.ops",
     "portal.devstack",
-    "portal.batches",
+    "portal.openai_api",
     "portal.audit",
     "portal.webhooks",
     "portal.web",

@@ -9,9 +9,9 @@ from dataclasses import asdict
 
 from django.utils import timezone
 
-from portal.batches.services.sweep import batches_sweep
 from portal.catalog.services import catalog_publish
 from portal.execution.reconcile import jobs_reconcile
+from portal.openai_api.services.sweep import batches_sweep
 from portal.ops.metrics.sweeps import reconcile_sweep_record
 
 logger = logging.getLogger(__name__)

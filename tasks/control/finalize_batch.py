@@ -9,6 +9,6 @@ from tasks.shared.config import FINALIZE_BATCH_TASK
 
 @app.task(name=FINALIZE_BATCH_TASK, base=ControlTask)
 def finalize_batch(batch_id: str) -> bool:
-    from portal.batches.services.batches import batch_finalize
+    from portal.openai_api.services.batches import batch_finalize
 
     return batch_finalize(batch_id=batch_id)

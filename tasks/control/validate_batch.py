@@ -1,5 +1,5 @@
 """Validate a large `/v1/batches` input file off the request (control queue): the batch reads
-`validating` until this submits its job or fails it (`portal.batches.services.validation`)."""
+`validating` until this submits its job or fails it (`portal.openai_api.services.validation`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class ValidateBatchTask(ControlTask):
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         super().on_failure(exc, task_id, args, kwargs, einfo)  # logs it; fails no job (it takes a batch id)
-        from portal.batches.services.validation import batch_validation_fail
+        from portal.openai_api.services.validation import batch_validation_fail
 
         batch_id = kwargs.get("batch_id") or (args[0] if args else None)
         if batch_id is None:
@@ -32,7 +32,7 @@ class ValidateBatchTask(ControlTask):
 
 @app.task(name=VALIDATE_BATCH_TASK, base=ValidateBatchTask, bind=True)
 def validate_batch(self: Any, batch_id: str) -> bool:
-    from portal.batches.services.validation import batch_validate
+    from portal.openai_api.services.validation import batch_validate
 
     try:
         return batch_validate(batch_id=batch_id, worker=f"{self.request.hostname}:{self.request.id}")

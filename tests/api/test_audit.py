@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from portal.audit.models import AuditEntry
-from portal.batches.models import Batch
 from portal.jobs.models import Job
+from portal.openai_api.models import Batch
 from portal.tenancy.models import ApiKey, Membership
 from tests.api.conftest import Caller
 

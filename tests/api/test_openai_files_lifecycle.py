@@ -15,11 +15,11 @@ import openai
 import pytest
 from django.utils import timezone
 
-from portal.batches.models import Batch, File
-from portal.batches.services.batches import batch_finalize
-from portal.batches.services.expiry import files_expire
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.storage_layout import job_prefix, output_uri
+from portal.openai_api.models import Batch, File
+from portal.openai_api.services.batches import batch_finalize
+from portal.openai_api.services.expiry import files_expire
 from portal.ops.periodic import periodic_sweep
 from portal.tenancy.models import Membership, Quota
 from tasks.shared.storage import join_uri, store_for

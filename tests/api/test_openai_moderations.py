@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from gpuworkers.engines.classifier import SequenceClassifierEngine
-from portal.batches.formats.endpoints import MODERATION_CATEGORIES, MODERATION_THRESHOLD
 from portal.catalog.models import Model
+from portal.openai_api.formats.endpoints import MODERATION_CATEGORIES, MODERATION_THRESHOLD
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
 from tests.support.openai_batches import batch_lines, openai_client, requests_file, run_batch

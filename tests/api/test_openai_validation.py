@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from portal.batches.models import Batch, File
 from portal.jobs.models import Job
+from portal.openai_api.models import Batch, File
 from portal.tenancy.models import Membership
 from tests.api.conftest import Caller
 

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from django.test import Client
 
-from portal.batches.models import Batch, File
 from portal.execution.merge import job_merge, job_merge_advance
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.services.partial import job_partial_output
+from portal.openai_api.models import Batch, File
 from portal.tenancy.models import Tenant
 from tests.api.conftest import Caller
 from tests.support.jobs import CommittedLayout, committed_job, committed_settle

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from portal.batches.models import Batch, File
 from portal.jobs.models import Job, JobStatus, JobUsage
+from portal.openai_api.models import Batch, File
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import ApiKey, Membership, Tenant
 from tests.api.conftest import Caller

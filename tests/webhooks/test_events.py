@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from portal.batches.models import Batch
-from portal.batches.services.batches import batch_create, batch_finalize
-from portal.batches.services.files import file_upload
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.signals import job_ended
+from portal.openai_api.models import Batch
+from portal.openai_api.services.batches import batch_create, batch_finalize
+from portal.openai_api.services.files import file_upload
 from portal.tenancy.models import Tenant
 from portal.webhooks.models import WebhookDelivery
 from portal.webhooks.services.events import webhook_jobs_progress

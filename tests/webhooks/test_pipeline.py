@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from portal.batches.models import Batch
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.services.transitions import job_transition
+from portal.openai_api.models import Batch
 from portal.tenancy.models import Tenant
 from portal.webhooks.models import DeliveryStatus, WebhookDelivery
 from tests.support.workers import WorkerProcess

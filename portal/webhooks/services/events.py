@@ -18,10 +18,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.batches.models import Batch
-from portal.batches.selectors import batch_status
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_progress, jobs_live_progress
+from portal.openai_api.models import Batch
+from portal.openai_api.selectors import batch_status
 from portal.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tasks import send
 from tasks.shared.redis_client import redis_client

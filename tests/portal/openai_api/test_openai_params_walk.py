@@ -19,7 +19,7 @@ import pytest
 
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.batches.formats.input_file import CALLER_FIELDS, convert_requests
+from portal.openai_api.formats.input_file import CALLER_FIELDS, convert_requests
 
 EMBEDDINGS, COMPLETIONS, CHAT = "/v1/embeddings", "/v1/completions", "/v1/chat/completions"
 ENDPOINTS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from portal.batches import views
+from portal.openai_api import views
 
 app_name = "openai"
 urlpatterns = [

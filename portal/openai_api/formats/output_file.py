@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from portal.batches.formats.endpoints import (
+from portal.openai_api.formats.endpoints import (
     EMBEDDING_ENCODINGS,
     MODERATION_CATEGORIES,
     MODERATION_THRESHOLD,

@@ -10,10 +10,10 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from rest_framework.request import Request
 
-from portal.batches.models import Batch, File
 from portal.jobs.models import Job, JobStatus, JobUsage
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.partial import OFFERED_STATUSES
+from portal.openai_api.models import Batch, File
 
 # Job statuses while a batch runs, as OpenAI names them.
 RUNNING_STATUSES: dict[str, str] = {

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from portal.batches.models import Batch
-from portal.batches.selectors import batch_object, batch_status
-from portal.batches.services.batches import batch_cancel, batch_create
-from portal.batches.services.files import file_upload
-from portal.batches.services.sweep import batches_validation_resend
-from portal.batches.services.validation import batch_validate, validation_lease_key, validation_task_id
 from portal.catalog.models import Model
 from portal.jobs.models import Job
 from portal.jobs.services.stop import CannotStop
+from portal.openai_api.models import Batch
+from portal.openai_api.selectors import batch_object, batch_status
+from portal.openai_api.services.batches import batch_cancel, batch_create
+from portal.openai_api.services.files import file_upload
+from portal.openai_api.services.sweep import batches_validation_resend
+from portal.openai_api.services.validation import batch_validate, validation_lease_key, validation_task_id
 from portal.tenancy.models import Quota, Tenant
 from tasks.app import app
 from tasks.control.validate_batch import validate_batch

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.dispatch import receiver
 
-from portal.batches.models import Batch
 from portal.jobs.signals import job_ended
+from portal.openai_api.models import Batch
 from tasks import send
 
 

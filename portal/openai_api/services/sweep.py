@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from portal.batches.services.expiry import files_expire
-from portal.batches.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
+from portal.openai_api.services.expiry import files_expire
+from portal.openai_api.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
 from tasks.shared.config import CONTROL_QUEUE

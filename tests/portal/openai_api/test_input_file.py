@@ -1,4 +1,4 @@
-"""An OpenAI batch input file to a Batchery job's records (`portal.batches.formats.input_file`); no database."""
+"""An OpenAI batch input file to a Batchery job's records (`portal.openai_api.formats.input_file`); no database."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import orjson
 import pytest
 from openai.types.batch import Errors
 
-from portal.batches.formats.endpoints import ENDPOINTS, BatchEndpoint, UnsupportedEndpoint, endpoint_for
-from portal.batches.formats.input_file import (
+from portal.openai_api.formats.endpoints import ENDPOINTS, BatchEndpoint, UnsupportedEndpoint, endpoint_for
+from portal.openai_api.formats.input_file import (
     RequestProblem,
     convert_requests,
     problems_to_openai_errors,
 )
 from tasks.shared.formats.records import TASK_INPUT_FIELDS
-from tests.portal.batches.input_file_lines import (
+from tests.portal.openai_api.input_file_lines import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,

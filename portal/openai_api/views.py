@@ -24,13 +24,13 @@ from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
 from portal.api.errors import ApiError, conflict, submission_refused, too_large
 from portal.api.parsers import JSONParser
 from portal.api.uploads import refuse_oversized_request
-from portal.batches.models import Batch, File
-from portal.batches.selectors import batch_object, file_object
-from portal.batches.services.batches import BatchRefused, batch_cancel, batch_create
-from portal.batches.services.files import FileRefused, file_delete, file_upload
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.services.stop import CannotStop
 from portal.jobs.services.uploads import UploadTooLarge
+from portal.openai_api.models import Batch, File
+from portal.openai_api.selectors import batch_object, file_object
+from portal.openai_api.services.batches import BatchRefused, batch_cancel, batch_create
+from portal.openai_api.services.files import FileRefused, file_delete, file_upload
 from tasks.shared.storage import StorageError, TransientStorageError
 
 TAGS = ["openai-batch"]

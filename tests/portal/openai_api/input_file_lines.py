@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from portal.batches.formats.input_file import RequestConversion, convert_requests
+from portal.openai_api.formats.input_file import RequestConversion, convert_requests
 
 EMBEDDINGS, COMPLETIONS, CHAT = "/v1/embeddings", "/v1/completions", "/v1/chat/completions"
 MAX_LINE_BYTES = 1024

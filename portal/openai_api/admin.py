@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from portal.batches.models import Batch, File
+from portal.openai_api.models import Batch, File
 
 
 @admin.register(Batch)

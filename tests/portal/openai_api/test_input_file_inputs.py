@@ -1,5 +1,5 @@
 """What one line's input may hold (lists of texts, token arrays) and `dimensions`, through
-`portal.batches.formats.input_file`; no database."""
+`portal.openai_api.formats.input_file`; no database."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.portal.batches.input_file_lines import COMPLETIONS, EMBEDDINGS, INPUTS, convert, jsonl, request
+from tests.portal.openai_api.input_file_lines import COMPLETIONS, EMBEDDINGS, INPUTS, convert, jsonl, request
 
 
 def test_the_embedding_of_several_texts_is_one_record_keeping_them_in_order() -> None:

@@ -18,13 +18,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.audit.services import audit_record
-from portal.batches.formats.endpoints import UnsupportedEndpoint, endpoint_for
-from portal.batches.formats.input_file import problems_to_openai_errors
-from portal.batches.formats.output_file import convert_outputs, system_fingerprint
-from portal.batches.models import Batch, File
-from portal.batches.selectors import batch_status
-from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
-from portal.batches.services.validation import (
+from portal.jobs.models import Job
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import SubmissionError
+from portal.jobs.services.stop import job_cancel
+from portal.openai_api.formats.endpoints import UnsupportedEndpoint, endpoint_for
+from portal.openai_api.formats.input_file import problems_to_openai_errors
+from portal.openai_api.formats.output_file import convert_outputs, system_fingerprint
+from portal.openai_api.models import Batch, File
+from portal.openai_api.selectors import batch_status
+from portal.openai_api.services.expiry import ExpiryRefused, expires_at, expiry_seconds
+from portal.openai_api.services.validation import (
     VALIDATING,
     batch_input_convert,
     batch_job_submit,
@@ -32,10 +36,6 @@ from portal.batches.services.validation import (
     submission_param,
     validation_task_id,
 )
-from portal.jobs.models import Job
-from portal.jobs.quota import QuotaExceeded
-from portal.jobs.requests import SubmissionError
-from portal.jobs.services.stop import job_cancel
 from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks import send

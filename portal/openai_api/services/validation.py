@@ -23,15 +23,15 @@ from django.utils import timezone
 
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.batches.formats.endpoints import endpoint_for
-from portal.batches.formats.input_file import RequestConversion, convert_requests, problems_to_openai_errors
-from portal.batches.models import Batch, File
 from portal.catalog.models import Model
 from portal.catalog.selectors import newest_enabled_model
 from portal.jobs.models import Job
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.submit import job_submit
+from portal.openai_api.formats.endpoints import endpoint_for
+from portal.openai_api.formats.input_file import RequestConversion, convert_requests, problems_to_openai_errors
+from portal.openai_api.models import Batch, File
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks.shared.formats.jsonl import MAX_LINE_BYTES
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key

@@ -3,7 +3,7 @@
 A batch's status, counts and timestamps are read from its job; the batch row holds only what OpenAI
 has and Batchery does not: the endpoint, the window, the metadata, the validation errors and the
 output files in OpenAI's line format. A batch without a job, errors or an ending is still `validating`
-(a large input file is checked by a control task, `portal/batches/services/validation.py`).
+(a large input file is checked by a control task, `portal/openai_api/services/validation.py`).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from openai.types.responses import Response
 
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.batches.formats.endpoints import endpoint_for
-from portal.batches.formats.input_file import RequestConversion, convert_requests
-from portal.batches.formats.output_file import convert_outputs
+from portal.openai_api.formats.endpoints import endpoint_for
+from portal.openai_api.formats.input_file import RequestConversion, convert_requests
+from portal.openai_api.formats.output_file import convert_outputs
 
 RESPONSES = "/v1/responses"
 

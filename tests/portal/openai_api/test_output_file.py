@@ -1,4 +1,4 @@
-"""A Batchery job's output to OpenAI's batch output and error files (`portal.batches.formats.output_file`); no
+"""A Batchery job's output to OpenAI's batch output and error files (`portal.openai_api.formats.output_file`); no
 database."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from openai.types import Completion, CreateEmbeddingResponse, ModerationCreateRe
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict
 
-from portal.batches.formats.output_file import OutputCounts, convert_outputs, system_fingerprint
+from portal.openai_api.formats.output_file import OutputCounts, convert_outputs, system_fingerprint
 
 EMBEDDINGS, COMPLETIONS, CHAT = "/v1/embeddings", "/v1/completions", "/v1/chat/completions"
 

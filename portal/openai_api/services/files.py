@@ -9,9 +9,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.batches.models import File
-from portal.batches.services.expiry import ExpiryRefused, expires_at, expiry_seconds
 from portal.jobs.services.uploads import upload_store
+from portal.openai_api.models import File
+from portal.openai_api.services.expiry import ExpiryRefused, expires_at, expiry_seconds
 from portal.tenancy.models import Tenant
 from tasks.shared.storage import store_for
 

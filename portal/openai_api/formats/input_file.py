@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpuworkers.engines.base import is_token_array
-from portal.batches.formats.endpoints import EMBEDDING_ENCODINGS, RESPONSES, BatchEndpoint, endpoint_for
+from portal.openai_api.formats.endpoints import EMBEDDING_ENCODINGS, RESPONSES, BatchEndpoint, endpoint_for
 from tasks.shared.formats.records import input_problem
 
 RESPONSES_PARAMS: Mapping[str, str] = {"max_output_tokens": "max_tokens", "text": "response_format"}
