@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-port",
         type=int,
         default=None,
-        help=f"port of the host's /metrics (default BATCHERY_METRICS_PORT or {settings.DEFAULT_METRICS_PORT}; 0: none)",
+        help=f"port of the host's /metrics (default BATCHERY_METRICS_PORT or {settings.METRICS_PORT.default}; 0: none)",
     )
     launch.add_argument(
         "--metrics-address", default=None, help="address /metrics binds (default BATCHERY_METRICS_ADDRESS or 0.0.0.0)"

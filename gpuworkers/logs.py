@@ -14,7 +14,6 @@ everywhere and can follow a job across machines by its ``job_id``. No Django and
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,7 @@ from typing import IO, Any
 
 from pythonjsonlogger.json import JsonFormatter as _PythonJsonFormatter
 
-from gpuworkers.settings import SettingsError, env_str
+from gpuworkers.settings import LOG_FORMAT, ImproperlyConfiguredEnv, slot_name
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 LOG_FORMATS = ("text", "json")
@@ -40,9 +39,9 @@ _context: ContextVar[Mapping[str, object]] = ContextVar("batchery_log_context", 
 
 def log_format() -> str:
     """``BATCHERY_LOG_FORMAT``: ``text`` (default) or ``json``; anything else is refused, naming the variable."""
-    value = env_str("BATCHERY_LOG_FORMAT", "text")
+    value = LOG_FORMAT.read()
     if value not in LOG_FORMATS:
-        raise SettingsError(f"BATCHERY_LOG_FORMAT={value!r} is not one of {', '.join(LOG_FORMATS)}")
+        raise ImproperlyConfiguredEnv(f"BATCHERY_LOG_FORMAT={value!r} is not one of {', '.join(LOG_FORMATS)}")
     return value
 
 
@@ -91,7 +90,7 @@ class LogContextFilter(logging.Filter):
         super().__init__(name)
         # Read once: a process's host and slot do not change (the launcher sets BATCHERY_SLOT per slot).
         self.static: dict[str, object] = {"host": socket.gethostname()}
-        slot = os.environ.get("BATCHERY_SLOT", "").strip()
+        slot = slot_name()
         if slot:
             self.static["slot"] = slot
 

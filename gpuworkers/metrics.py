@@ -12,7 +12,6 @@ Every series carries the slot's `host`, `slot` and `gpu_class`; none carries a j
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -21,6 +20,8 @@ from contextlib import contextmanager
 from functools import cache
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from gpuworkers.settings import slot_gpu_class, slot_name
 
 SLOT_LABELS = ("host", "slot", "gpu_class")
 MODEL_LABELS = (*SLOT_LABELS, "model")
@@ -103,7 +104,7 @@ DEFINED = (
 @cache
 def slot_labels() -> tuple[str, str, str]:
     """This process's (host, slot, gpu_class); the launcher sets the slot's environment before it starts."""
-    return socket.gethostname(), os.environ.get("BATCHERY_SLOT", ""), os.environ.get("BATCHERY_GPU_CLASS", "")
+    return socket.gethostname(), slot_name(), slot_gpu_class()
 
 
 def model_labels(model: str) -> tuple[str, str, str, str]:

@@ -1,26 +1,8 @@
-"""Worker-side knobs, declared once and read from the environment.
-
-Each knob is a function, read when called, so that the launcher can set a slot's environment before
-it starts the worker and tests can change it with ``monkeypatch.setenv``. A bad value raises
-`SettingsError` naming the variable instead of falling back to a default nobody asked for.
-
-``BATCHERY_DEVICE``
-    ``auto`` (default: ``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``.
-``BATCHERY_TORCH_THREADS``
-    Torch intra-op threads per worker process; 0 (default) leaves torch's default.
-``BATCHERY_MICRO_BATCH_SIZE``
-    Records per micro-batch handed to an engine; default 256.
-``BATCHERY_CACHE_BUDGET_BYTES``
-    Bytes the warm model cache may hold; default 8 GiB on CPU, 90 % of the GPU's memory on CUDA.
-``BATCHERY_METRICS_PORT``, ``BATCHERY_METRICS_ADDRESS``, ``BATCHERY_METRICS_DIR``
-    Where the launcher serves the host's ``/metrics`` (default port 9310 on every interface; 0 serves
-    none), and the slots' multiprocess directory (default: a new temporary one, emptied at start).
-``BATCHERY_MODEL_CACHE_DIR``, ``BATCHERY_MODEL_CACHE_BYTES``
-    Where the host keeps the weights of ``s3://`` model sources (default ``$XDG_CACHE_HOME/batchery/models``,
-    else ``~/.cache/batchery/models``) and the disk bytes it may hold there (default 100 GiB).
-``BATCHERY_MODEL_DOWNLOAD_PART_BYTES``, ``BATCHERY_MODEL_DOWNLOAD_CONCURRENCY``
-    Files larger than the part size (default 64 MiB) are fetched as that many parallel ranged GETs
-    (default 8) at a time.
+"""A GPU host's settings: each environment variable its launcher, slots and engines read, declared here
+once (`tasks.shared.env`: its type, default and meaning) and read when called, so that the launcher can
+set a slot's environment before it starts the worker and tests can change it with ``monkeypatch.setenv``.
+A bad value raises `ImproperlyConfiguredEnv` naming the variable instead of falling back to a default
+nobody asked for.
 """
 
 from __future__ import annotations
@@ -28,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+
+from tasks.shared.env import ImproperlyConfiguredEnv, int_var, list_var, str_var
 
 GIB = 1024**3
 
@@ -39,36 +23,61 @@ CUDA_CACHE_BUDGET_FRACTION = 0.9
 
 _DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
-
-class SettingsError(ValueError):
-    """An environment variable holds a value the worker cannot use."""
-
-
-def env_str(name: str, default: str) -> str:
-    """The variable's value stripped of blanks, or ``default`` when it is unset or blank."""
-    value = os.environ.get(name, "").strip()
-    return value or default
-
-
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    """The variable as an int (``1_000`` allowed), or ``default`` when it is unset or blank."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise SettingsError(f"{name}={value} is below the minimum of {minimum}")
-    return value
+DEVICE = str_var(
+    "BATCHERY_DEVICE", "auto", doc="`auto` (cuda where torch sees a GPU, else cpu), `cpu`, `cuda` or `cuda:N`."
+)
+TORCH_THREADS = int_var(
+    "BATCHERY_TORCH_THREADS", 0, minimum=0, doc="Torch intra-op threads a worker process; 0 leaves torch's default."
+)
+MICRO_BATCH_SIZE = int_var(
+    "BATCHERY_MICRO_BATCH_SIZE", 256, minimum=1, doc="Records a micro-batch handed to an engine."
+)
+CACHE_BUDGET_BYTES = int_var(
+    "BATCHERY_CACHE_BUDGET_BYTES",
+    0,
+    minimum=1,
+    default_text="8 GiB on CPU, 90 % of the GPU's memory on CUDA",
+    doc="Bytes the warm model cache may hold.",
+)
+METRICS_PORT = int_var("BATCHERY_METRICS_PORT", 9310, minimum=0, doc="The launcher's /metrics port; 0 serves none.")
+METRICS_ADDRESS = str_var("BATCHERY_METRICS_ADDRESS", "0.0.0.0", doc="The address the launcher's /metrics listens on.")
+METRICS_DIR = str_var(
+    "BATCHERY_METRICS_DIR",
+    doc="The slots' multiprocess metrics directory; unset, a new temporary one (emptied at start).",
+)
+MODEL_CACHE_DIR = str_var(
+    "BATCHERY_MODEL_CACHE_DIR",
+    default_text="`$XDG_CACHE_HOME/batchery/models`, else `~/.cache/batchery/models`",
+    doc="Where a GPU host keeps the weights of s3:// model sources.",
+)
+MODEL_DOWNLOAD_PART_BYTES = int_var(
+    "BATCHERY_MODEL_DOWNLOAD_PART_BYTES",
+    64 * 1024**2,
+    minimum=1024**2,
+    doc="Weight files larger than this are fetched as ranged GETs of this size.",
+)
+MODEL_DOWNLOAD_CONCURRENCY = int_var(
+    "BATCHERY_MODEL_DOWNLOAD_CONCURRENCY", 8, minimum=1, doc="Ranged GETs of one weight file in flight at a time."
+)
+S3_MAX_ATTEMPTS = int_var("BATCHERY_S3_MAX_ATTEMPTS", 5, minimum=1, doc="Attempts of each S3 call of a GPU host.")
+LOG_FORMAT = str_var("BATCHERY_LOG_FORMAT", "text", doc="`text`, or `json`: one JSON object a line.")
+# Set by the launcher for each slot it starts (`gpuworkers.slots`).
+SLOT = str_var("BATCHERY_SLOT", doc="Set by the launcher: the slot's name; unset, a process is no slot.")
+GPU_CLASS = str_var("BATCHERY_GPU_CLASS", doc="Set by the launcher: the GPU class its slots serve.")
+WORKER_NAME = str_var(
+    "BATCHERY_WORKER_NAME", doc="Set by the launcher: the slot's Celery node name, by which a drain addresses it."
+)
+QUEUE = str_var("BATCHERY_QUEUE", doc="Set by the launcher: the queue the slot consumes.")
+PRELOAD = list_var(
+    "BATCHERY_PRELOAD", doc="Set by the launcher (`--preload`): models a slot loads before it takes shards."
+)
 
 
 def device() -> str:
     """The torch device this worker runs models on (``BATCHERY_DEVICE``, ``auto`` resolved)."""
-    value = env_str("BATCHERY_DEVICE", "auto")
+    value = DEVICE.read()
     if not _DEVICE_PATTERN.fullmatch(value):
-        raise SettingsError(f"BATCHERY_DEVICE={value!r} is not one of auto, cpu, cuda, cuda:N")
+        raise ImproperlyConfiguredEnv(f"BATCHERY_DEVICE={value!r} is not one of auto, cpu, cuda, cuda:N")
     if value != "auto":
         return value
     import torch
@@ -78,7 +87,7 @@ def device() -> str:
 
 def torch_threads() -> int:
     """Torch intra-op threads for this process (``BATCHERY_TORCH_THREADS``); 0 leaves torch's default."""
-    return env_int("BATCHERY_TORCH_THREADS", 0, minimum=0)
+    return TORCH_THREADS.read()
 
 
 def apply_torch_threads() -> None:
@@ -96,13 +105,13 @@ def apply_torch_threads() -> None:
 
 def micro_batch_size() -> int:
     """Records per micro-batch handed to an engine (``BATCHERY_MICRO_BATCH_SIZE``)."""
-    return env_int("BATCHERY_MICRO_BATCH_SIZE", 256, minimum=1)
+    return MICRO_BATCH_SIZE.read()
 
 
 def cache_budget_bytes(device: str) -> int:
     """Bytes the warm model cache may hold on ``device`` (``BATCHERY_CACHE_BUDGET_BYTES``)."""
-    if env_str("BATCHERY_CACHE_BUDGET_BYTES", ""):
-        return env_int("BATCHERY_CACHE_BUDGET_BYTES", 0, minimum=1)
+    if CACHE_BUDGET_BYTES.is_set():
+        return CACHE_BUDGET_BYTES.read()
     if not device.startswith("cuda"):
         return CPU_CACHE_BUDGET_BYTES
     import torch
@@ -111,43 +120,67 @@ def cache_budget_bytes(device: str) -> int:
     return int(total * CUDA_CACHE_BUDGET_FRACTION)
 
 
-DEFAULT_METRICS_PORT = 9310
-
-
 def metrics_port() -> int:
     """The launcher's /metrics port (``BATCHERY_METRICS_PORT``); 0 turns the endpoint off."""
-    return env_int("BATCHERY_METRICS_PORT", DEFAULT_METRICS_PORT, minimum=0)
+    return METRICS_PORT.read()
 
 
 def metrics_address() -> str:
-    return env_str("BATCHERY_METRICS_ADDRESS", "0.0.0.0")
+    return METRICS_ADDRESS.read()
 
 
 def metrics_dir() -> str:
     """The slots' multiprocess directory; empty: a new temporary directory per launch."""
-    return env_str("BATCHERY_METRICS_DIR", "")
+    return METRICS_DIR.read()
 
 
-MODEL_CACHE_BYTES = 100 * GIB
-"""The weight cache's disk budget when ``BATCHERY_MODEL_CACHE_BYTES`` is unset: a few large models."""
+MODEL_CACHE_BYTES_VAR = int_var(
+    "BATCHERY_MODEL_CACHE_BYTES", 100 * GIB, minimum=1, doc="Disk bytes the weight cache may hold (a few large models)."
+)
 
 
 def model_cache_dir() -> Path:
     """Where the weights of ``s3://`` model sources are cached on this host (``BATCHERY_MODEL_CACHE_DIR``)."""
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchery" / "models"
-    return Path(env_str("BATCHERY_MODEL_CACHE_DIR", str(default))).expanduser()
+    return Path(MODEL_CACHE_DIR.read(default=str(default))).expanduser()
 
 
 def model_cache_bytes() -> int:
     """Disk bytes the weight cache may hold (``BATCHERY_MODEL_CACHE_BYTES``); entries in use may exceed it."""
-    return env_int("BATCHERY_MODEL_CACHE_BYTES", MODEL_CACHE_BYTES, minimum=1)
+    return MODEL_CACHE_BYTES_VAR.read()
 
 
 def model_download_part_bytes() -> int:
     """Size of each ranged GET, and the size above which a file is fetched in parts."""
-    return env_int("BATCHERY_MODEL_DOWNLOAD_PART_BYTES", 64 * 1024**2, minimum=1024**2)
+    return MODEL_DOWNLOAD_PART_BYTES.read()
 
 
 def model_download_concurrency() -> int:
     """Ranged GETs of one file in flight at a time."""
-    return env_int("BATCHERY_MODEL_DOWNLOAD_CONCURRENCY", 8, minimum=1)
+    return MODEL_DOWNLOAD_CONCURRENCY.read()
+
+
+def s3_max_attempts() -> int:
+    return S3_MAX_ATTEMPTS.read()
+
+
+def slot_name() -> str:
+    """The slot this process runs ("" where it is no slot: a plain worker, the portal)."""
+    return SLOT.read()
+
+
+def slot_gpu_class() -> str:
+    return GPU_CLASS.read()
+
+
+def slot_worker_name() -> str:
+    return WORKER_NAME.read()
+
+
+def slot_queue() -> str:
+    return QUEUE.read()
+
+
+def preload_references() -> list[str]:
+    """The models this slot loads at its start (`name` or `name@version`)."""
+    return PRELOAD.read()

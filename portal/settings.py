@@ -18,19 +18,33 @@ from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_float, env_i
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
 
-DEBUG = env_bool("DEBUG", default=False)
-SECRET_KEY = env_str("SECRET_KEY", "insecure-local-development-key-change-me")
-if not DEBUG and SECRET_KEY.startswith("insecure-") and env_bool("BATCHERY_REQUIRE_SECRET_KEY", default=False):
+DEBUG = env_bool("DEBUG", default=False, doc="Django's debug mode; never on a shared host.")
+SECRET_KEY = env_str(
+    "SECRET_KEY",
+    "insecure-local-development-key-change-me",
+    doc="Django's secret key (or SECRET_KEY_FILE); the local default is refused where "
+    "BATCHERY_REQUIRE_SECRET_KEY is set.",
+)
+BATCHERY_REQUIRE_SECRET_KEY = env_bool(
+    "BATCHERY_REQUIRE_SECRET_KEY",
+    default=False,
+    doc="Refuse to start with the local development secret key (deployments set it).",
+)
+if not DEBUG and SECRET_KEY.startswith("insecure-") and BATCHERY_REQUIRE_SECRET_KEY:
     raise RuntimeError("SECRET_KEY must be set in production (BATCHERY_REQUIRE_SECRET_KEY is on)")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"], doc="Host names the portal answers to.")
 # Origins (scheme://host[:port]) whose forms may POST here besides the portal's own host: needed
 # when the proxy in front rewrites the Host header.
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+CSRF_TRUSTED_ORIGINS = env_list(
+    "CSRF_TRUSTED_ORIGINS", [], doc="Origins (scheme and host) trusted for forms posted over HTTPS behind a proxy."
+)
 
 # HTTPS behind a TLS-terminating proxy (an ingress, a load balancer, Caddy in deploy/compose). Off by
 # default because `up` serves plain HTTP on 127.0.0.1; the deployment files turn every one on, and
 # `manage.py check --deploy` names any they miss.
-_PROXY_SSL_HEADER = env_str("SECURE_PROXY_SSL_HEADER")
+_PROXY_SSL_HEADER = env_str(
+    "SECURE_PROXY_SSL_HEADER", doc="The header a TLS-terminating proxy sets to `https` (e.g. `X-Forwarded-Proto`)."
+)
 # The header the proxy sets to "https" (e.g. X-Forwarded-Proto). The proxy must overwrite a client's
 # own copy of it, or a client on plain HTTP could pass as HTTPS.
 if _PROXY_SSL_HEADER and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", _PROXY_SSL_HEADER):
@@ -40,15 +54,17 @@ if _PROXY_SSL_HEADER and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", _PROXY_SSL_H
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None
 )
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False, doc="Redirect plain HTTP to HTTPS.")
 # Kubelet probes and Prometheus reach a portal process over plain HTTP from inside the site, past
 # the proxy; a redirect to https:// would fail them.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=False)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0, doc="HSTS max-age; 0 sends no HSTS header.")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool(
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False, doc="HSTS covers subdomains."
+)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False, doc="HSTS asks to be preloaded.")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=False, doc="Session cookies over HTTPS only.")
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=False, doc="CSRF cookies over HTTPS only.")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -110,12 +126,18 @@ TEMPLATES = [
 ]
 
 
+DATABASE_URL = env_str(
+    "DATABASE_URL",
+    doc="The database (PostgreSQL in any real deployment); unset, a SQLite file under BATCHERY_VAR_DIR.",
+)
+DATABASE_CONN_MAX_AGE = env_int(
+    "DATABASE_CONN_MAX_AGE", 60, doc="Seconds a database connection is kept between requests and tasks."
+)
+
+
 def _database() -> dict[str, Any]:
-    url = env_str("DATABASE_URL")
-    if url:
-        return dict(
-            dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True)
-        )
+    if DATABASE_URL:
+        return dict(dj_database_url.parse(DATABASE_URL, conn_max_age=DATABASE_CONN_MAX_AGE, conn_health_checks=True))
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Several processes (portal, control worker) share the file: WAL lets readers run beside the
     # writer, and IMMEDIATE transactions take the write lock up front instead of failing later.
@@ -159,7 +181,7 @@ LOGGING = {
     "formatters": {"default": {"()": "gpuworkers.logs.env_formatter"}},
     "filters": {"context": {"()": "gpuworkers.logs.LogContextFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "default", "filters": ["context"]}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO", doc="The root logger's level.")},
     # Django's own handlers for these print bare messages (with DEBUG on, or under runserver); their
     # records go to the root handler instead, so each is written once, in the chosen format.
     "loggers": {
@@ -170,24 +192,61 @@ LOGGING = {
 
 # When set, the portal's /metrics asks for `Authorization: Bearer <token>` (Prometheus's
 # `authorization` scrape setting); unset, it answers anyone who reaches the portal.
-BATCHERY_METRICS_TOKEN = env_str("BATCHERY_METRICS_TOKEN", "")
+BATCHERY_METRICS_TOKEN = env_str(
+    "BATCHERY_METRICS_TOKEN", "", doc="Bearer token the portal's /metrics asks for; unset, it is open."
+)
 
 # The scheduler (portal.execution.scheduler): tenants' GPU-seconds decay with this half-life, so
 # fair share looks at recent use; each live slot of a class gets this many shards in the broker at
 # a time (the one it runs and the next), and a class with no slot heartbeat (plain workers) this many.
-BATCHERY_FAIR_SHARE_HALF_LIFE_S = env_float("BATCHERY_FAIR_SHARE_HALF_LIFE_S", 3600.0, minimum=1.0)
-BATCHERY_SCHEDULER_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_SHARDS_PER_SLOT", 2, minimum=1)
-BATCHERY_SCHEDULER_DEFAULT_WINDOW = env_int("BATCHERY_SCHEDULER_DEFAULT_WINDOW", 8, minimum=1)
+BATCHERY_RECONCILE_STALE_AFTER_S = env_int(
+    "BATCHERY_RECONCILE_STALE_AFTER_S",
+    60,
+    minimum=1,
+    doc="A step untouched this long, with no lease and no message, is presumed lost by the sweep.",
+)
+BATCHERY_FAIR_SHARE_HALF_LIFE_S = env_float(
+    "BATCHERY_FAIR_SHARE_HALF_LIFE_S",
+    3600.0,
+    minimum=1.0,
+    doc="Half-life of the tenants' GPU-seconds that fair share compares.",
+)
+BATCHERY_SCHEDULER_SHARDS_PER_SLOT = env_int(
+    "BATCHERY_SCHEDULER_SHARDS_PER_SLOT", 2, minimum=1, doc="Shards in the broker per live slot of a queue."
+)
+BATCHERY_SCHEDULER_DEFAULT_WINDOW = env_int(
+    "BATCHERY_SCHEDULER_DEFAULT_WINDOW",
+    8,
+    minimum=1,
+    doc="Shards in the broker for a queue whose slots send no heartbeat.",
+)
 # Short shards: a slot gets more of them, up to this much estimated work (of the longest waiting
 # shard) and this many, so that it never idles while its last shard's ending is being settled.
-BATCHERY_SCHEDULER_SECONDS_AHEAD = env_float("BATCHERY_SCHEDULER_SECONDS_AHEAD", 1.0, minimum=0.0)
-BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = env_int("BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT", 64, minimum=1)
+BATCHERY_SCHEDULER_SECONDS_AHEAD = env_float(
+    "BATCHERY_SCHEDULER_SECONDS_AHEAD",
+    1.0,
+    minimum=0.0,
+    doc="Shards shorter than this get more places a slot, up to this much estimated work.",
+)
+BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT = env_int(
+    "BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT",
+    64,
+    minimum=1,
+    doc="The most places a slot gets, however short its shards.",
+)
 # A job of at most this many records merges in the callback that settled its last shard instead of
 # in a merge task of its own: one message hop less, most of a small job's tail; 0 sends every merge.
-BATCHERY_INLINE_MERGE_MAX_RECORDS = env_int("BATCHERY_INLINE_MERGE_MAX_RECORDS", 100, minimum=0)
+BATCHERY_INLINE_MERGE_MAX_RECORDS = env_int(
+    "BATCHERY_INLINE_MERGE_MAX_RECORDS",
+    100,
+    minimum=0,
+    doc="A job of at most this many records merges in the callback that settled its last shard; 0 sends every merge.",
+)
 # Stragglers: once a job has no shard left to send, a slot that would idle runs a copy of its slowest
 # running shard (one copy per shard at most); the first commit wins and the other attempt stops.
-BATCHERY_SPECULATION = env_bool("BATCHERY_SPECULATION", True)
+BATCHERY_SPECULATION = env_bool(
+    "BATCHERY_SPECULATION", True, doc="Run a copy of a straggling shard on a slot that would idle."
+)
 
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
 BATCHERY_STORAGE_URL = storage_url()
@@ -196,34 +255,78 @@ BATCHERY_STORAGE_URL = storage_url()
 # job naming the lines (or the tenant's max_queued_records they pass). Small: the check reads the
 # whole input before the job exists (about 60 MB/s of sentences on one core), and a job's first
 # result is due within a second of its submission.
-BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int("BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES", 4 * 1024 * 1024, minimum=0)
-BATCHERY_MAX_REPORTED_PROBLEMS = env_int("BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1)
+BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int(
+    "BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES",
+    4 * 1024 * 1024,
+    minimum=0,
+    doc="An input up to this size is checked line by line before the job exists; a larger one by its planner.",
+)
+BATCHERY_MAX_REPORTED_PROBLEMS = env_int(
+    "BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1, doc="Bad lines named in one refusal."
+)
 # `/v1/batches` input files up to this size are validated within the create request; larger ones by a
 # control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.
-BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int("BATCHERY_BATCH_SYNC_VALIDATION_BYTES", 8 * 1024 * 1024, minimum=0)
+BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int(
+    "BATCHERY_BATCH_SYNC_VALIDATION_BYTES",
+    8 * 1024 * 1024,
+    minimum=0,
+    doc="A /v1/batches input file up to this size is validated within `create`; a larger one on the control queue.",
+)
 # A batch still validating this long after it was created, its task holding no lease, is sent to be
 # validated again by the reconciler (its message was lost, or its worker died).
-BATCHERY_BATCH_VALIDATION_RESEND_S = env_int("BATCHERY_BATCH_VALIDATION_RESEND_S", 600, minimum=1)
+BATCHERY_BATCH_VALIDATION_RESEND_S = env_int(
+    "BATCHERY_BATCH_VALIDATION_RESEND_S",
+    600,
+    minimum=1,
+    doc="A batch left `validating` this long has its validation sent again by the sweep.",
+)
 # Default sharding (no shard_size given): the planner ends a shard before its estimated compute
 # seconds (portal.catalog.throughput) would pass the target, and at the record bound whatever the
 # estimate. A model that never ran is estimated at the default seconds a record. A job whose size
 # is known at submission is cut in shards that shrink towards its end (its work left over this many
 # shards a slot, down to the minimum; 0: none), so that it spreads over its class's slots and they
 # end together.
-BATCHERY_TARGET_SHARD_SECONDS = env_int("BATCHERY_TARGET_SHARD_SECONDS", 60, minimum=1)
-BATCHERY_MIN_SHARD_SECONDS = env_float("BATCHERY_MIN_SHARD_SECONDS", 1.0, minimum=0.001)
-BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int("BATCHERY_GUIDED_SHARDS_PER_SLOT", 2, minimum=0)
+BATCHERY_TARGET_SHARD_SECONDS = env_int(
+    "BATCHERY_TARGET_SHARD_SECONDS", 60, minimum=1, doc="Estimated compute seconds of a shard cut by cost."
+)
+BATCHERY_MIN_SHARD_SECONDS = env_float(
+    "BATCHERY_MIN_SHARD_SECONDS", 1.0, minimum=0.001, doc="The shortest shard the guided cut makes at a job's end."
+)
+BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int(
+    "BATCHERY_GUIDED_SHARDS_PER_SLOT",
+    2,
+    minimum=0,
+    doc="A job of known size ends each shard at its work left over this many shards a slot; 0 turns the shrinking off.",
+)
 # A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
 # the target: its first results come within a second whatever its size (0: every shard at the target).
 # A tenth, not a quarter: an estimate learned from short records was a quarter of what 23 long ones
 # took (0.96 s measured, beside a planner reading 2 GB), and the first shard is where it is least known.
-BATCHERY_FIRST_SHARD_SECONDS = env_float("BATCHERY_FIRST_SHARD_SECONDS", 0.1, minimum=0.0)
-BATCHERY_MAX_SHARD_RECORDS = env_int("BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1)
-BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float("BATCHERY_DEFAULT_SECONDS_PER_RECORD", 0.05, minimum=0.0)
+BATCHERY_FIRST_SHARD_SECONDS = env_float(
+    "BATCHERY_FIRST_SHARD_SECONDS",
+    0.1,
+    minimum=0.0,
+    doc="A job cut by cost starts with a shard of this many estimated seconds, doubling up to the target; 0 "
+    "cuts every shard at the target.",
+)
+BATCHERY_MAX_SHARD_RECORDS = env_int(
+    "BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1, doc="The most records in a shard cut by cost."
+)
+BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float(
+    "BATCHERY_DEFAULT_SECONDS_PER_RECORD",
+    0.05,
+    minimum=0.0,
+    doc="The cost estimate of a model that never ran and names no `seconds_per_record`.",
+)
 
 # An API key read from the database is kept by each portal process for at most this many seconds, and
 # only while no key, membership, user or tenant has changed since (portal.tenancy.key_cache); 0: never.
-BATCHERY_API_KEY_CACHE_S = env_float("BATCHERY_API_KEY_CACHE_S", 10.0, minimum=0.0)
+BATCHERY_API_KEY_CACHE_S = env_float(
+    "BATCHERY_API_KEY_CACHE_S",
+    10.0,
+    minimum=0.0,
+    doc="How long a portal process keeps an API key it read; 0 reads it every request.",
+)
 
 # The API: keys for programs, sessions for the portal; one error shape; cursor pages.
 REST_FRAMEWORK = {
@@ -260,23 +363,36 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 # Uploaded inputs (REST and /v1/files) larger than this are refused with 413.
-BATCHERY_MAX_UPLOAD_BYTES = env_int("BATCHERY_MAX_UPLOAD_BYTES", 200 * 1024 * 1024, minimum=1)
+BATCHERY_MAX_UPLOAD_BYTES = env_int(
+    "BATCHERY_MAX_UPLOAD_BYTES",
+    200 * 1024 * 1024,
+    minimum=1,
+    doc="The largest upload the API and the portal take (413 above).",
+)
 # The shortest `expires_after` / `output_expires_after` accepted: an hour, as at OpenAI; tests lower it.
-BATCHERY_FILE_EXPIRY_MIN_SECONDS = env_int("BATCHERY_FILE_EXPIRY_MIN_SECONDS", 3600, minimum=1)
+BATCHERY_FILE_EXPIRY_MIN_SECONDS = env_int(
+    "BATCHERY_FILE_EXPIRY_MIN_SECONDS", 3600, minimum=1, doc="The shortest `expires_after` a /v1/ file may ask for."
+)
 # Storage URI prefixes every tenant's API callers may read job inputs from, besides their uploads and
 # their tenant's `storage_prefixes` (comma-separated, e.g. "file:///srv/datasets,s3://datasets").
-BATCHERY_INPUT_ROOTS = env_list("BATCHERY_INPUT_ROOTS", [])
+BATCHERY_INPUT_ROOTS = env_list(
+    "BATCHERY_INPUT_ROOTS", [], doc="URI prefixes API callers may name as `input_uri` besides their uploads."
+)
 # Presigned download links (S3) stay valid this long.
-BATCHERY_PRESIGNED_URL_EXPIRES_S = env_int("BATCHERY_PRESIGNED_URL_EXPIRES_S", 900, minimum=1)
+BATCHERY_PRESIGNED_URL_EXPIRES_S = env_int(
+    "BATCHERY_PRESIGNED_URL_EXPIRES_S", 900, minimum=1, doc="Lifetime of a presigned download URL of an S3 output."
+)
 # Uploads above this size spill from memory to a temporary file while they are received.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # Flower, linked from the fleet pages for staff only: the address staff's browsers reach it at (it
 # may differ from where it listens, behind a proxy). `manage.py up` points it at its own Flower.
-BATCHERY_FLOWER_URL = env_str("BATCHERY_FLOWER_URL", "http://127.0.0.1:5555/")
+BATCHERY_FLOWER_URL = env_str(
+    "BATCHERY_FLOWER_URL", "http://127.0.0.1:5555/", doc="The Flower link staff see in the portal."
+)
 
 
-def _retry_delays(name: str, default: list[str]) -> tuple[float, ...]:
-    raw = env_list(name, default)
+def _retry_delays(name: str, default: list[str], *, doc: str) -> tuple[float, ...]:
+    raw = env_list(name, default, doc=doc)
     try:
         delays = tuple(float(value) for value in raw)
     except ValueError:
@@ -290,9 +406,25 @@ def _retry_delays(name: str, default: list[str]) -> tuple[float, ...]:
 # loopback, link-local, private or reserved address is refused unless its host (or host:port) is
 # listed here (comma-separated, e.g. "127.0.0.1:9000,hooks.internal"). A failed delivery is tried
 # again after each delay in turn (seconds), then given up; `job.progress` goes out at most this often per job.
-BATCHERY_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("BATCHERY_WEBHOOK_ALLOWED_HOSTS", [])]
+BATCHERY_WEBHOOK_ALLOWED_HOSTS = [
+    host.lower()
+    for host in env_list(
+        "BATCHERY_WEBHOOK_ALLOWED_HOSTS",
+        [],
+        doc="Hosts (or host:port) webhooks may reach although they resolve to private, loopback or reserved addresses.",
+    )
+]
 BATCHERY_WEBHOOK_RETRY_DELAYS_S = _retry_delays(
-    "BATCHERY_WEBHOOK_RETRY_DELAYS_S", ["5", "30", "120", "600", "1800", "7200", "21600"]
+    "BATCHERY_WEBHOOK_RETRY_DELAYS_S",
+    ["5", "30", "120", "600", "1800", "7200", "21600"],
+    doc="Seconds before each retry of a failed webhook delivery; one attempt more than delays, then it is given up.",
 )
-BATCHERY_WEBHOOK_TIMEOUT_S = env_float("BATCHERY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
-BATCHERY_WEBHOOK_PROGRESS_EVERY_S = env_float("BATCHERY_WEBHOOK_PROGRESS_EVERY_S", 30.0, minimum=0.001)
+BATCHERY_WEBHOOK_TIMEOUT_S = env_float(
+    "BATCHERY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1, doc="Connect and read timeout of each webhook attempt."
+)
+BATCHERY_WEBHOOK_PROGRESS_EVERY_S = env_float(
+    "BATCHERY_WEBHOOK_PROGRESS_EVERY_S",
+    30.0,
+    minimum=0.001,
+    doc="A native job sends `job.progress` at most this often.",
+)

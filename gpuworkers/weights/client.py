@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuworkers.engines.base import EngineLoadError
-from gpuworkers.settings import env_int
+from gpuworkers.settings import s3_max_attempts
 from gpuworkers.weights import WeightsUnavailableError
 
 _CONNECT_TIMEOUT_S = 10
@@ -56,7 +56,7 @@ def new_s3_client() -> Any:
     from botocore.config import Config
 
     config = Config(
-        retries={"mode": "standard", "total_max_attempts": env_int("BATCHERY_S3_MAX_ATTEMPTS", 5, minimum=1)},
+        retries={"mode": "standard", "total_max_attempts": s3_max_attempts()},
         connect_timeout=_CONNECT_TIMEOUT_S,
         read_timeout=_READ_TIMEOUT_S,
         signature_version="s3v4",

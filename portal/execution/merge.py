@@ -34,9 +34,10 @@ from portal.execution.settle import read_manifest, shard_record_failure, shard_r
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.storage_layout import job_root, parquet_output_uri
 from portal.jobs.services.transitions import job_fail, job_transition
+from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 from tasks.shared.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces
-from tasks.shared.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key, lease_holder
+from tasks.shared.leases import Lease, LeaseHeld, job_lease_key, lease_holder
 from tasks.shared.redis_client import redis_client
 from tasks.shared.specs import ShardManifest
 from tasks.shared.storage import join_uri, store_for

@@ -53,10 +53,11 @@ from portal.jobs.quota import RecordsOverQuota, records_room
 from portal.jobs.services.stop import shards_revoke
 from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.services.transitions import job_fail, job_transition
+from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
-from tasks.shared.leases import LEASE_TTL_S, Lease, LeaseHeld, job_lease_key
+from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shared.stops import request_stop
 from tasks.shared.storage import StorageError, join_uri, store_for
 

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -38,14 +39,13 @@ from portal.jobs.services.transitions import job_fail
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
 from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
-from tasks.shared.env import env_int
 from tasks.shared.leases import job_lease_key, lease_holder, lease_holders, shard_lease_key
 from tasks.shared.stops import request_pause
 
 logger = logging.getLogger(__name__)
 
 # A step untouched for this long, with no lease and no message, is presumed lost.
-STALE_AFTER_S = env_int("BATCHERY_RECONCILE_STALE_AFTER_S", 60, minimum=1)
+STALE_AFTER_S = settings.BATCHERY_RECONCILE_STALE_AFTER_S
 # `_lost` judges no shard younger than this lost, so the sweep leaves such shards to their callbacks.
 SETTLE_GRACE_S = min(STALE_AFTER_S / 4, VISIBILITY_TIMEOUT_S)
 

@@ -31,12 +31,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from tasks.shared.env import ImproperlyConfiguredEnv, env_int, env_str
+from tasks.shared.env import ImproperlyConfiguredEnv, int_var, str_var
 
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 5555
 AUTH_VARIABLE = "FLOWER_BASIC_AUTH"
 UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"
+ADDRESS = str_var("FLOWER_ADDRESS", DEFAULT_ADDRESS, doc="The address Flower listens on.")
+PORT = int_var("FLOWER_PORT", DEFAULT_PORT, doc="The port Flower listens on.")
+BASIC_AUTH = str_var(
+    AUTH_VARIABLE,
+    doc="Flower's basic auth, `user:password[,user2:password2]` (or FLOWER_BASIC_AUTH_FILE); required off loopback.",
+)
 
 
 class FlowerConfigError(ValueError):
@@ -71,7 +77,7 @@ def is_loopback(address: str) -> bool:
 
 def basic_auth_credentials() -> list[str]:
     """The `user:password` pairs from FLOWER_BASIC_AUTH or FLOWER_BASIC_AUTH_FILE; empty when neither is set."""
-    raw = env_str(AUTH_VARIABLE)
+    raw = BASIC_AUTH.read()
     credentials = [item.strip() for item in raw.split(",") if item.strip()]
     for number, credential in enumerate(credentials, start=1):
         user, colon, password = credential.partition(":")
@@ -88,7 +94,7 @@ def flower_launch(
 ) -> FlowerLaunch:
     """The command and environment that run Flower on `address:port` against the configured broker.
 
-    Credentials are read from this process's environment (`tasks.shared.env.env_str`, which knows NAME_FILE);
+    Credentials are read from this process's environment (`BASIC_AUTH`, which knows NAME_FILE);
     `environ` is the environment to hand on, this process's by default.
     """
     if not 0 < port < 65536:
@@ -121,8 +127,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--port", type=int, default=None, help=f"(FLOWER_PORT, else {DEFAULT_PORT})")
     args = parser.parse_args(argv)
     try:
-        address = args.address if args.address is not None else env_str("FLOWER_ADDRESS", DEFAULT_ADDRESS)
-        port = args.port if args.port is not None else env_int("FLOWER_PORT", DEFAULT_PORT)
+        address = args.address if args.address is not None else ADDRESS.read()
+        port = args.port if args.port is not None else PORT.read()
         launch = flower_launch(address=address, port=port)
     except (FlowerConfigError, ImproperlyConfiguredEnv, OSError) as exc:
         parser.exit(2, f"flower: {exc}\n")

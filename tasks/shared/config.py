@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, env_list, env_str
+from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, int_var, list_var, str_var
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROL_QUEUE = "control"
@@ -52,27 +52,51 @@ GPU_QUEUE_PREFIX = "gpu."
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
 
+# Read when called (tests and the development stack set them after import), declared here once.
+VAR_DIR = str_var(
+    "BATCHERY_VAR_DIR",
+    str(REPO_DIR / "var"),
+    default_text="`var/` in the checkout",
+    doc="Local state where nothing is configured: the SQLite file, the embedded Redis, file storage.",
+)
+STORAGE_URL = str_var(
+    "BATCHERY_STORAGE_URL",
+    doc="Batchery's own storage: `file:///…` or `s3://bucket/prefix`; unset, `storage` under BATCHERY_VAR_DIR.",
+)
+BROKER_URL = str_var("CELERY_BROKER_URL", DEFAULT_BROKER_URL, doc="The broker (Redis).")
+RESULT_BACKEND = str_var("CELERY_RESULT_BACKEND", doc="Chord counters and task results; unset, the broker.")
+PROGRESS_REDIS_URL = str_var(
+    "BATCHERY_PROGRESS_REDIS_URL",
+    doc="The Redis of live progress and leases; unset, the result backend's or the broker's.",
+)
+GPU_QUEUES = list_var(
+    "BATCHERY_GPU_QUEUES",
+    [f"{GPU_QUEUE_PREFIX}cpu"],
+    doc="GPU queues declared at start (others are created when first used).",
+)
+
+
 def var_dir() -> Path:
     """Local state of a machine with nothing configured: SQLite file, embedded Redis, storage."""
-    return Path(env_str("BATCHERY_VAR_DIR", str(REPO_DIR / "var")))
+    return Path(VAR_DIR.read())
 
 
 def storage_url() -> str:
     """Batchery's own storage: shard inputs, attempts, outputs and the published catalog."""
-    return env_str("BATCHERY_STORAGE_URL", (var_dir() / "storage").as_uri())
+    return STORAGE_URL.read(default=(var_dir() / "storage").as_uri())
 
 
 def broker_url() -> str:
-    return env_str("CELERY_BROKER_URL", DEFAULT_BROKER_URL)
+    return BROKER_URL.read()
 
 
 def result_backend_url() -> str:
-    return env_str("CELERY_RESULT_BACKEND", broker_url())
+    return RESULT_BACKEND.read(default=broker_url())
 
 
 def progress_redis_url() -> str:
     """Live progress counters live in Redis: the result backend's, or the broker's if that is Redis."""
-    explicit = env_str("BATCHERY_PROGRESS_REDIS_URL")
+    explicit = PROGRESS_REDIS_URL.read()
     if explicit:
         return explicit
     for url in (result_backend_url(), broker_url()):
@@ -83,7 +107,7 @@ def progress_redis_url() -> str:
 
 def declared_queues() -> list[str]:
     """The control queue and the GPU queues this site runs (`BATCHERY_GPU_QUEUES`, default gpu.cpu)."""
-    return [CONTROL_QUEUE, *env_list("BATCHERY_GPU_QUEUES", [f"{GPU_QUEUE_PREFIX}cpu"])]
+    return [CONTROL_QUEUE, *GPU_QUEUES.read()]
 
 
 def message_priority(tenant_priority: int) -> int:
@@ -117,8 +141,16 @@ def queue_gpu_class(queue: str) -> str:
 
 # The longest a shard may run before it is killed; the visibility timeout must exceed it, or Redis
 # hands an unacknowledged shard to a second worker while the first is still running it.
-SHARD_HARD_TIME_LIMIT_S = env_int("BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=2)
-VISIBILITY_TIMEOUT_S = env_int("BATCHERY_VISIBILITY_TIMEOUT_S", SHARD_HARD_TIME_LIMIT_S + 600, minimum=3)
+SHARD_HARD_TIME_LIMIT_S = env_int(
+    "BATCHERY_SHARD_TIME_LIMIT_S", 3600, minimum=2, doc="The longest a shard may run; the same on every host."
+)
+VISIBILITY_TIMEOUT_S = int_var(
+    "BATCHERY_VISIBILITY_TIMEOUT_S",
+    0,
+    minimum=3,
+    default_text="the shard time limit + 600",
+    doc="Seconds before Redis hands an unacknowledged message to another worker; must exceed the shard time limit.",
+).read(default=SHARD_HARD_TIME_LIMIT_S + 600)
 if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
     raise ImproperlyConfiguredEnv(
         f"BATCHERY_VISIBILITY_TIMEOUT_S={VISIBILITY_TIMEOUT_S} must exceed the shard time limit "
@@ -126,17 +158,39 @@ if VISIBILITY_TIMEOUT_S <= SHARD_HARD_TIME_LIMIT_S:
     )
 # Planning and merging read and write whole inputs and outputs, minutes for a large one: their limit
 # is their own, not the shard's, which a site may set short (the tests' stacks set 20 s).
-CONTROL_HARD_TIME_LIMIT_S = env_int("BATCHERY_CONTROL_TIME_LIMIT_S", 3600, minimum=10)
+CONTROL_HARD_TIME_LIMIT_S = env_int(
+    "BATCHERY_CONTROL_TIME_LIMIT_S", 3600, minimum=10, doc="The longest a control task (planning, merging) may run."
+)
 CONTROL_SOFT_TIME_LIMIT_S = max(CONTROL_HARD_TIME_LIMIT_S - 60, CONTROL_HARD_TIME_LIMIT_S // 2)
 # On SIGTERM a slot's worker (the launcher remaps it to Celery's soft shutdown) lets its running
 # shard go on this long, then stops it; the message goes back to the queue. By default a shard may
 # finish; an orchestrator with a short grace period sets it shorter.
-SOFT_SHUTDOWN_S = env_int("BATCHERY_SOFT_SHUTDOWN_S", SHARD_HARD_TIME_LIMIT_S, minimum=0)
-RESULT_EXPIRES_S = env_int("BATCHERY_RESULT_EXPIRES_S", 14 * 24 * 3600, minimum=3600)
+SOFT_SHUTDOWN_S = int_var(
+    "BATCHERY_SOFT_SHUTDOWN_S",
+    0,
+    minimum=0,
+    default_text="the shard time limit",
+    doc="On SIGTERM a slot lets its shard run this long, then puts it back.",
+).read(default=SHARD_HARD_TIME_LIMIT_S)
+RESULT_EXPIRES_S = env_int(
+    "BATCHERY_RESULT_EXPIRES_S",
+    14 * 24 * 3600,
+    minimum=3600,
+    doc="How long task results and live progress are kept in Redis.",
+)
 # A pool process preloads its models (`launch --preload`) before it tells its worker it is up; Celery
 # kills one that stays silent past its default of 4 s, and a real model takes a minute to load.
-PROCESS_START_TIMEOUT_S = env_int("BATCHERY_PROCESS_START_TIMEOUT_S", 900, minimum=4)
-TASK_EVENTS = env_bool("BATCHERY_TASK_EVENTS", False)
+PROCESS_START_TIMEOUT_S = env_int(
+    "BATCHERY_PROCESS_START_TIMEOUT_S",
+    900,
+    minimum=4,
+    doc="How long a slot's process may take to preload its models before Celery gives up on it.",
+)
+TASK_EVENTS = env_bool(
+    "BATCHERY_TASK_EVENTS",
+    False,
+    doc="Workers send Celery task events from their start (Flower turns them on itself when it runs).",
+)
 
 
 def celery_settings() -> dict[str, object]:
@@ -204,10 +258,41 @@ def celery_settings() -> dict[str, object]:
 
 # Attempts of a shard that end in a dead worker before it is re-run range by range, with
 # checkpoints, to find the records that kill the worker ("poison records").
-SHARD_ATTEMPTS_BEFORE_BISECT = env_int("BATCHERY_SHARD_ATTEMPTS_BEFORE_BISECT", 3, minimum=1)
+SHARD_ATTEMPTS_BEFORE_BISECT = env_int(
+    "BATCHERY_SHARD_ATTEMPTS_BEFORE_BISECT",
+    3,
+    minimum=1,
+    doc="Attempts of a shard that end in a dead worker before it is re-run range by range to find poison records.",
+)
 # Past this many attempts, whatever range is still killing the worker is given up as poison.
-SHARD_MAX_ATTEMPTS = env_int("BATCHERY_SHARD_MAX_ATTEMPTS", 40, minimum=2)
+SHARD_MAX_ATTEMPTS = env_int(
+    "BATCHERY_SHARD_MAX_ATTEMPTS",
+    40,
+    minimum=2,
+    doc="Past this many attempts, the range still killing the worker is given up as poison.",
+)
 # Times a shard may be dispatched (lost messages, timeouts) before it fails for good.
-SHARD_MAX_DISPATCHES = env_int("BATCHERY_SHARD_MAX_DISPATCHES", 8, minimum=1)
-RECONCILE_INTERVAL_S = env_int("BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1)
+SHARD_MAX_DISPATCHES = env_int(
+    "BATCHERY_SHARD_MAX_DISPATCHES", 8, minimum=1, doc="Times a shard may be sent before it fails for good."
+)
+RECONCILE_INTERVAL_S = env_int(
+    "BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1, doc="Seconds between two periodic sweeps."
+)
 WEBHOOKS_SWEEP_INTERVAL_S = 60
+LEASE_TTL_S = env_int(
+    "BATCHERY_LEASE_TTL_S",
+    30,
+    minimum=2,
+    doc="Seconds a lease (a shard attempt, a planner, a merger) lives without renewal.",
+)
+HEARTBEAT_INTERVAL_S = env_int(
+    "BATCHERY_HEARTBEAT_INTERVAL_S",
+    5,
+    minimum=1,
+    doc="Seconds between a slot's heartbeats; a slot silent three times as long drops out of the fleet.",
+)
+S3_MIN_PART_BYTES = 5 * 1024 * 1024
+"""S3's smallest part, for every part of an upload but the last."""
+S3_PART_BYTES = int_var(
+    "BATCHERY_S3_PART_BYTES", 16 * 1024 * 1024, minimum=S3_MIN_PART_BYTES, doc="Part size of multipart S3 writes."
+)

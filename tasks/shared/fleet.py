@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 
-from tasks.shared.env import env_int
+from gpuworkers.settings import slot_gpu_class
+from tasks.shared.config import HEARTBEAT_INTERVAL_S
 
-HEARTBEAT_INTERVAL_S = env_int("BATCHERY_HEARTBEAT_INTERVAL_S", 5, minimum=1)
 HEARTBEAT_TTL_S = 3 * HEARTBEAT_INTERVAL_S
 FLEET_KEY_PREFIX = "batchery:fleet:"
 # Every slot's last heartbeat time, by heartbeat key: outlives the beat itself, so that /metrics can
@@ -24,7 +24,7 @@ DRAINING_TTL_S = 7 * 24 * 3600
 def heartbeat_key(host: str, slot: str) -> str:
     """One key per slot: a host may run launchers of several classes, each numbering its slots."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
-    return f"{FLEET_KEY_PREFIX}{host}:{os.environ.get('BATCHERY_GPU_CLASS', '')}:{slot}:{devices}"
+    return f"{FLEET_KEY_PREFIX}{host}:{slot_gpu_class()}:{slot}:{devices}"
 
 
 def draining_key(worker: str) -> str:

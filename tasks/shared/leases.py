@@ -20,12 +20,10 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 
-from tasks.shared.env import env_int
+from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
-
-LEASE_TTL_S = env_int("BATCHERY_LEASE_TTL_S", 30, minimum=2)
 
 
 def shard_lease_key(job_id: str, shard_index: int) -> str:

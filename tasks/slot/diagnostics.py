@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from gpuworkers.settings import slot_name
 from tasks.app import app
 from tasks.shared.config import SLOT_INFO_TASK
 
@@ -20,7 +21,7 @@ def slot_info(self: Any, pause_s: float = 0.0) -> dict[str, Any]:
         "hostname": self.request.hostname,
         "pid": os.getpid(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "slot": os.environ.get("BATCHERY_SLOT"),
+        "slot": slot_name() or None,
         "queue": (self.request.delivery_info or {}).get("routing_key"),
         # A GPU host imports no Django (`tasks.slot.worker`); this shows it from the slot itself.
         "django_imported": "django" in sys.modules,

@@ -20,8 +20,10 @@ import redis
 from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 from gpuworkers.cache import process_cache
+from gpuworkers.settings import slot_gpu_class, slot_name, slot_queue, slot_worker_name
 from gpuworkers.telemetry import gpu_telemetry
-from tasks.shared.fleet import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
+from tasks.shared.config import HEARTBEAT_INTERVAL_S
+from tasks.shared.fleet import HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
 from tasks.shared.redis_client import redis_client
 from tasks.slot import state as slot_state
 
@@ -39,12 +41,12 @@ def slot_heartbeat() -> dict[str, Any]:
     gpus = _devices()
     return {
         "host": socket.gethostname(),
-        "slot": os.environ.get("BATCHERY_SLOT", ""),
-        "gpu_class": os.environ.get("BATCHERY_GPU_CLASS", ""),
+        "slot": slot_name(),
+        "gpu_class": slot_gpu_class(),
         "gpus": gpus,
         "pid": os.getpid(),
-        "worker": os.environ.get("BATCHERY_WORKER_NAME", ""),
-        "queue": os.environ.get("BATCHERY_QUEUE", ""),
+        "worker": slot_worker_name(),
+        "queue": slot_queue(),
         "loaded_models": [f"{name}@{version}" for name, version in process_cache().resident()],
         "current_shard": slot_state.current_shard,
         "telemetry": gpu_telemetry(gpus),
@@ -68,8 +70,8 @@ def _beat(key: str) -> None:
 
 @worker_process_init.connect
 def start_heartbeat(**_: Any) -> None:
-    slot = os.environ.get("BATCHERY_SLOT")
-    if slot is None:
+    slot = slot_name()
+    if not slot:
         return
     key = heartbeat_key(socket.gethostname(), slot)
     threading.Thread(target=_beat, args=(key,), name="heartbeat", daemon=True).start()
@@ -78,7 +80,7 @@ def start_heartbeat(**_: Any) -> None:
 @worker_ready.connect
 def clear_draining_mark(**_: Any) -> None:
     """A slot worker that (re)starts consumes its queue again, whatever an earlier drain said."""
-    worker = os.environ.get("BATCHERY_WORKER_NAME")
+    worker = slot_worker_name()
     if not worker:
         return
     try:
@@ -89,8 +91,8 @@ def clear_draining_mark(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def stop_heartbeat(**_: Any) -> None:
-    slot = os.environ.get("BATCHERY_SLOT")
-    if slot is None:
+    slot = slot_name()
+    if not slot:
         return
     _stop.set()
     key = heartbeat_key(socket.gethostname(), slot)

@@ -15,16 +15,12 @@ from typing import Any
 from celery.signals import worker_process_init
 
 from gpuworkers.cache import process_cache
-from gpuworkers.settings import device
+from gpuworkers.settings import device, preload_references
 from tasks.shared.catalog import find_spec
 
 logger = logging.getLogger(__name__)
 
 PRELOAD_FAILED_EXIT_CODE = 78  # EX_CONFIG
-
-
-def preload_references() -> list[str]:
-    return [name.strip() for name in os.environ.get("BATCHERY_PRELOAD", "").split(",") if name.strip()]
 
 
 @worker_process_init.connect

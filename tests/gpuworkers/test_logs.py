@@ -24,7 +24,7 @@ from gpuworkers.logs import (
     log_context,
     log_format,
 )
-from gpuworkers.settings import SettingsError
+from tasks.shared.env import ImproperlyConfiguredEnv
 
 
 @pytest.fixture
@@ -166,7 +166,7 @@ def test_text_is_the_default_and_keeps_todays_format(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("value", ["xml", "JSONL", "text json"])
 def test_an_unknown_format_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("BATCHERY_LOG_FORMAT", value)
-    with pytest.raises(SettingsError, match="BATCHERY_LOG_FORMAT"):
+    with pytest.raises(ImproperlyConfiguredEnv, match="BATCHERY_LOG_FORMAT"):
         log_format()
-    with pytest.raises(SettingsError, match="BATCHERY_LOG_FORMAT"):
+    with pytest.raises(ImproperlyConfiguredEnv, match="BATCHERY_LOG_FORMAT"):
         configure_logging("INFO", stream=io.StringIO())

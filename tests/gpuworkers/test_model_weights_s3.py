@@ -35,6 +35,7 @@ from gpuworkers.spec import ModelSpec
 from gpuworkers.weights import WeightsUnavailableError, client, holds, resolve
 from gpuworkers.weights.holds import exclusive_if_unused
 from gpuworkers.weights.listing import list_source
+from tasks.shared.env import ImproperlyConfiguredEnv
 from tests.support.moto_server import ARTIFACTS, running_moto_server
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.workers import REPO
@@ -456,7 +457,7 @@ def test_the_cache_settings_have_safe_defaults_and_refuse_bad_values(monkeypatch
     assert settings.model_cache_dir() == Path("/srv/cache/batchery/models")
     assert settings.model_cache_bytes() == 100 * 1024**3
     monkeypatch.setenv("BATCHERY_MODEL_CACHE_BYTES", "lots")
-    with pytest.raises(settings.SettingsError, match="BATCHERY_MODEL_CACHE_BYTES"):
+    with pytest.raises(ImproperlyConfiguredEnv, match="BATCHERY_MODEL_CACHE_BYTES"):
         settings.model_cache_bytes()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuworkers import settings
+from tasks.shared.env import ImproperlyConfiguredEnv
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +63,7 @@ def test_values_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
             "BATCHERY_TORCH_THREADS",
             "-1",
             settings.torch_threads,
-            "BATCHERY_TORCH_THREADS=-1 is below the minimum",
+            "BATCHERY_TORCH_THREADS=-1 is below its minimum",
         ),
         ("BATCHERY_MICRO_BATCH_SIZE", "0", settings.micro_batch_size, "BATCHERY_MICRO_BATCH_SIZE=0 is below"),
     ],
@@ -72,14 +73,14 @@ def test_a_bad_value_fails_loudly(
 ) -> None:
     monkeypatch.setenv(name, value)
 
-    with pytest.raises(settings.SettingsError, match=message):
+    with pytest.raises(ImproperlyConfiguredEnv, match=message):
         read()  # type: ignore[operator]
 
 
 def test_a_bad_cache_budget_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHERY_CACHE_BUDGET_BYTES", "8GiB")
 
-    with pytest.raises(settings.SettingsError, match="BATCHERY_CACHE_BUDGET_BYTES='8GiB' is not an integer"):
+    with pytest.raises(ImproperlyConfiguredEnv, match="BATCHERY_CACHE_BUDGET_BYTES='8GiB' is not an integer"):
         settings.cache_budget_bytes("cpu")
 
 

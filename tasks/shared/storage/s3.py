@@ -36,7 +36,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from gpuworkers.weights.client import S3Clients
-from tasks.shared.env import env_int
+from tasks.shared.config import S3_MIN_PART_BYTES, S3_PART_BYTES
 from tasks.shared.storage.base import StorageError, TransientStorageError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MIN_PART_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
+MIN_PART_BYTES = S3_MIN_PART_BYTES
 MAX_PARTS = 10_000  # S3's maximum number of parts in one upload
 _READ_BUFFER_BYTES = 1024 * 1024
 _WRITE_BUFFER_BYTES = 256 * 1024
@@ -249,7 +249,7 @@ class S3Store:
     @contextmanager
     def open_write(self, uri: str) -> Iterator[BinaryIO]:
         bucket, key = _object_of(uri)
-        part_bytes = env_int("BATCHERY_S3_PART_BYTES", 16 * 1024 * 1024, minimum=MIN_PART_BYTES)
+        part_bytes = S3_PART_BYTES.read()
         upload = _Upload(self._client(), bucket, key, uri, part_bytes)
         writer = io.BufferedWriter(upload, buffer_size=_WRITE_BUFFER_BYTES)
         try:
