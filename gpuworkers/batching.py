@@ -43,11 +43,9 @@ OUT_OF_MEMORY = "out_of_memory"
 
 LENGTH_SORT_WINDOW = 4
 """Micro-batches of records sorted by length together for an engine that pads to the longest input of a
-batch (`PadsToLongest`). On `make bench`'s 20,000 sentences, the tokens the bundled model reads per record,
-padding included (21.2 without): 24.3 in micro-batches of 256 taken as they come, 22.5 with the engine
-sorting each by token counts, 21.8 with windows of four sorted by characters first; the bare loop, one
-`encode` over all its sentences, reads 24.0. The window's results come out when all of it ran, in input
-order, so a larger one would hold back writing and the shard's end for little more."""
+batch (`PadsToLongest`), so that a batch's padding is small. The window's results come out when all of it
+ran, in input order, so a larger one would hold back writing and the shard's end for little more padding
+saved."""
 
 INPUT_TOO_LONG = "input_too_long"
 """Error code of a record longer than its model takes, refused before it runs unless its params say
@@ -121,7 +119,7 @@ def run_records(
     come out, in input order, when all of it ran; any other engine gets the micro-batches in input order,
     each one's results out as soon as it ran. After each micro-batch, ``on_progress(records_done, errors)``
     is called with running totals. ``should_stop()`` is asked before each micro-batch but the first
-    (the caller has just decided to start: asking again cost a one-record shard a Redis and a storage
+    (the caller has just decided to start: asking again would cost a short shard a Redis and a storage
     read); when it answers True the iterator ends, and cancelling is the caller's business.
     ``on_out_of_memory_split(records)`` is called each time a batch of that many records ran out of
     memory and is split in halves, and ``on_micro_batch(records)`` with the size of each micro-batch

@@ -5,9 +5,9 @@ writes its request metrics there and /metrics sums them; a worker that exits has
 removed here, as prometheus_client's multiprocess mode asks.
 
 Each worker freezes what it holds once it has loaded the portal (`post_worker_init`): a full garbage
-collection walks every object alive, 140,000 in a portal worker, which took 85 ms here; one request
-in a few hundred paid it, and that was the API's p99. What a worker holds after start-up (modules,
-URL patterns, settings) lives as long as the worker, and frozen it is no longer walked.
+collection walks every object alive, and the request that pays for it sets the API's tail latency.
+What a worker holds after start-up (modules, URL patterns, settings) lives as long as the worker, and
+frozen it is no longer walked.
 """
 
 from __future__ import annotations

@@ -300,8 +300,8 @@ BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int(
 )
 # A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
 # the target: its first results come within a second whatever its size (0: every shard at the target).
-# A tenth, not a quarter: an estimate learned from short records was a quarter of what 23 long ones
-# took (0.96 s measured, beside a planner reading 2 GB), and the first shard is where it is least known.
+# Small: the first shard is where the estimate is least known, and one learned from short records may
+# be several times short of what long ones take.
 BATCHERY_FIRST_SHARD_SECONDS = env_float(
     "BATCHERY_FIRST_SHARD_SECONDS",
     0.1,

@@ -33,8 +33,8 @@ register_broker_transport()
 app = Celery("batchery")
 app.conf.update(celery_settings())
 # Unless told otherwise, Celery's Django fixup closes the database connection before and after every
-# task: each control task then opened a new PostgreSQL connection (4-5 ms here) and ran its queries
-# on a cold server backend, and a one-record job runs three (its p50 went from 145 to 98 ms without).
-# `ControlTask` drops stale connections itself, as CONN_MAX_AGE and CONN_HEALTH_CHECKS say.
+# task: each control task would open a new PostgreSQL connection and run its queries on a cold server
+# backend, a large share of a small job's latency. `ControlTask` drops stale connections itself, as
+# CONN_MAX_AGE and CONN_HEALTH_CHECKS say.
 app.conf.update({"CELERY_DB_REUSE_MAX": DB_REUSE_MAX_TASKS})
 app.conf.include = [*SLOT_TASK_MODULES, *CONTROL_TASK_MODULES]

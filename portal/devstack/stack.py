@@ -30,9 +30,8 @@ class StackOptions:
     portal: bool = True
     portal_address: str = "127.0.0.1:8000"
     portal_workers: int = 4
-    """gunicorn's sync workers, as the deployment files run it. On two cores under 50 polling clients,
-    two workers queued every request behind a slow one (API p99 39-99 ms in two runs); four share the
-    cores between them (31-57 ms in three runs of the same bench, `manage.py bench --api-portal-workers`)."""
+    """gunicorn's sync workers, as the deployment files run it: with fewer, under many polling clients
+    every request queues behind a slow one (`manage.py bench --api-portal-workers` compares)."""
     flower: bool = True
     flower_port: int = 5555
     cpu_slots: int | None = None

@@ -48,11 +48,6 @@ def queue_slots(queue: str) -> int:
     return slots_or_default(live_slots(queue))
 
 
-def queue_window(queue: str, shard_seconds: float | None = None) -> int:
-    """The most shards of this queue that may be sent and not yet finished (`window_for` its live slots)."""
-    return window_for(live_slots(queue), shard_seconds)
-
-
 def wave_size(queue: str, shard_seconds: float | None = None) -> int:
     """The most shards of a job sent as one chord on this queue (`wave_for` its live slots)."""
     return wave_for(live_slots(queue), shard_seconds)

@@ -51,15 +51,13 @@ def shard_time_limits(job: Job, shard: Shard) -> tuple[float, float]:
 
 def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave: int = 1) -> None:
     """Send shards the scheduler claimed (marked dispatched, with their task ids) in waves of up to
-    `wave` shards (see `portal.execution.capacity.wave_size`); with `copies`, their speculative copies
+    `wave` shards (`capacity.wave_for`); with `copies`, their speculative copies
     (under `speculative_task_id`), each alone.
 
-    A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id)
-    that runs them one after another, each under its own soft time limit, and stores what settling reads
-    of each under the shard's own task id; a lone shard is a `run_shard` message under its task id.
-    Either is a chord of that one message, whose callback and error callback are both `shard_done`,
-    naming the wave's shards, which reports their endings to the queue's inbox (`finished_inbox`),
-    settled in batches; see `portal.execution.scheduler`.
+    A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id),
+    each shard under its own soft time limit; a lone shard is a `run_shard` message under its task id.
+    Either is a chord of that one message whose callback and error callback are both `shard_done`,
+    naming the wave's shards (`tasks.send.send_shard_chord`).
     """
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
@@ -101,8 +99,7 @@ def shard_named(spec: dict[str, object]) -> tuple[dict[str, object]]:
     "received" line.
 
     Every message of a shard gives its printed arguments (its callbacks too) rather than leaving them to
-    Celery: its `saferepr` walk cost the control worker about 4 % of its CPU a one-record shard, printing
-    the whole spec, and a slot about 2.5 %, printing its callback's three arguments.
+    Celery, whose `saferepr` walk of the whole spec is a visible share of a short shard's control cost.
     """
     return ({field: spec[field] for field in ("job_id", "shard_index", "record_count")},)
 

@@ -2,11 +2,9 @@
 
 Each chord callback (`batchery.shard_done`) puts its shards' endings in the queue's inbox, a Redis
 list, and then drains the inbox unless another callback is draining it already. The drainer takes
-up to `DRAIN_BATCH` endings at a time and settles them together (`scheduler.endings_settle`): one
-scheduling tick, one ledger write and one merge look per job for the whole batch. A lone ending is
-settled at once, as before; under load, the endings that arrive while one batch is settled make
-the next batch, so the control plane's cost per shard falls as the fleet grows instead of
-serializing every callback on the queue's scheduling lock.
+up to `DRAIN_BATCH` endings at a time and settles them together (`endings.endings_settle`). A lone
+ending is settled at once; under load, the endings that arrive while one batch is settled make the
+next batch (docs/architecture.md, Chords and waves).
 
 The drainer looks at the inbox again after letting go of its lock, so an ending put there while it
 was letting go is never stranded. Endings a failed batch took are put back before the error goes

@@ -217,9 +217,9 @@ def _tenant_queues(
     sends it one shard sends without reading again.
 
     A job's shard cost is its longest waiting shard's estimate (its first waiting one's where none has
-    an estimate). Its first shards are cut short, for a fast first result: sized by the first waiting
-    one, the window of a job that had just started held many times the work it means to (24 shards of
-    a second for 4 slots in the fairness bench), and a tenant arriving next waited behind all of it."""
+    an estimate). Its first shards are cut short, for a fast first result: sized by them, the window of
+    a job that has just started would hold many times the work it means to, and a tenant arriving next
+    would wait behind all of it."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
     firsts: dict[str, Shard] = {}

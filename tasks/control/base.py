@@ -1,7 +1,7 @@
-"""The base class of control tasks (plan, merge): Django set up once, fresh DB connections, logging.
-
-Control tasks run on the `control` queue, near the database. They import portal services inside
-their bodies so that GPU workers, which load the same Celery app, never need Django.
+"""The base class of control tasks: Django set up at the first call, stale database connections
+dropped around each call, a database that restarts waited for, and a job failed (from the statuses
+its task names) when its task fails for good. A failure whose exception says `fails_no_job` (work
+shared by several jobs) fails none.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The chord callback (and its error callback): merge committed shard outputs and end the job.
-
-The same task finalizes a stopped job (`stop="cancelled"` or `"expired"`) without waiting for it.
+"""`batchery.merge_job`: merge a job whose shards have settled and end it (`portal.execution.merge`),
+or finalize a stopped job (`stop="cancelled"` or `"expired"`) without waiting for its shards. Sent by
+the endings' settling, by a stop and by the reconciler; a second merge of the same job does nothing.
 """
 
 from __future__ import annotations

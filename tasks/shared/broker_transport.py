@@ -2,9 +2,9 @@
 
 kombu's Redis channel builds a new `redis.Redis` for every publish, every fanout publish (each task event
 Flower reads) and every acknowledgement (`Channel.conn_or_acquire`). The connection pool is shared, so
-nothing but the wrapper is new each time, yet building it fills a table of some 200 response callbacks:
-on a 1,000-shard job that was 7 % of the control worker's CPU and 9 % of the slots' (`make bench`, the
-platform ceiling's profile). This channel builds that wrapper once per pool and hands it out again;
+nothing but the wrapper is new each time, yet building it fills a table of some 200 response callbacks,
+a visible share of the CPU of short shards on both sides. This channel builds that wrapper once per
+pool and hands it out again;
 `redis.Redis` is safe to share, each command taking a connection from the pool.
 
 `register_broker_transport()` makes it the transport of ``redis://`` and ``rediss://`` URLs in this process, through

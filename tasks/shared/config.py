@@ -228,7 +228,7 @@ def celery_settings() -> dict[str, object]:
         # Flower has the task-started event), and writing it costs every task a round trip before it runs.
         "task_track_started": False,
         # Task events feed Flower and nothing else: a publish for each of sent, received, started and succeeded,
-        # for a shard's task and for its callback, cost a one-record shard 8 Redis commands of its 73. Flower
+        # for a shard's task and for its callback, a large share of a short shard's Redis commands. Flower
         # turns them on in running workers itself (`enable_events`, every 5 s); this sends them from the start,
         # the publishers' task-sent events too.
         "task_send_sent_event": TASK_EVENTS,

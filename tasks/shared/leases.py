@@ -67,7 +67,7 @@ class LeaseHeld(Exception):
 
 class _Renewer:
     """One daemon thread per process that renews every lease it holds, each a third of its TTL after
-    it was last written. A thread started and joined per lease cost a one-record shard more than the
+    it was last written: a thread started and joined per lease would cost a short shard more than the
     lease's two Redis commands; here taking and letting go of a lease is a dictionary entry.
 
     Renewals are written under the lock, so a lease let go of (`remove`) is never written again

@@ -342,7 +342,7 @@ class _BlockWriter:
     caller fails (a soft time limit, a broken device), the thread stops before the writers are
     abandoned, so nothing is written after the attempt gave up. The thread starts with the first
     full block: a shard whose output never fills one writes it at the end, in the caller, when the
-    thread would have written it too (starting a thread cost a one-record shard more than its write).
+    thread would have written it too (starting a thread costs a short shard more than its write).
     The error file is opened (`open_errors`) with the first error line that is written.
     """
 

@@ -1,5 +1,5 @@
 """The monitoring files in deploy/: Prometheus's config and alerts (checked and unit-tested with promtool),
-and the Grafana dashboard, which may use only metrics that the README's Monitoring section lists."""
+and the Grafana dashboard, which may use only metrics that the Monitoring section of docs/operations.md lists."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metric names: the catalog in the README's Monitoring section, and the names a text uses (PromQL, a scrape).
+"""Metric names: the catalog in docs/operations.md's Monitoring section, and the names a text uses (PromQL, a scrape).
 
 The deploy tests check that the alerts and the dashboard use only catalogued metrics; a live scrape
 of `/metrics` can be checked against the same catalog.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 CATALOG_HEADING = "## Monitoring"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -39,7 +39,7 @@ def referenced_metric_names(text: str) -> set[str]:
     return names
 
 
-def catalog_metric_names(path: Path = README) -> set[str]:
+def catalog_metric_names(path: Path = OPERATIONS) -> set[str]:
     """The backticked names in the first column of the Monitoring section's tables (`vllm:*` stays a pattern)."""
     names: set[str] = set()
     section = path.read_text().split(CATALOG_HEADING, 1)[1].split("\n## ", 1)[0]
