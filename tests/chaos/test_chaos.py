@@ -175,10 +175,13 @@ def test_a_shard_message_delivered_twice_is_merged_once(
 def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
     chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
 ) -> None:
-    chaos_model("echo")
+    # Shards of half a second: the job's last window is still running when the control worker stops.
+    chaos_model("echo", sleep_per_record=0.05)
 
     def drop_callback(job_id: str) -> None:
-        wait_for(lambda: Job.objects.get(pk=job_id).status == "running", timeout_s=60, what="running")
+        # Only once every shard is sent: the scheduler's window holds a few shards a slot, and the rest
+        # would wait for the control worker that is about to stop.
+        wait_for(_last_window_running(job_id), timeout_s=scale(60, 300), what="every shard sent", stack=chaos_stack)
         chaos_stack.workers["control"].stop()
         committed = _commits(job_id)
         wait_for(lambda: committed() == Job.objects.get(pk=job_id).shard_count, timeout_s=60, what="all commits")
@@ -186,7 +189,7 @@ def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
 
         client = redis.Redis.from_url(chaos_stack.broker_url)
         dropped = client.delete("control")
-        assert dropped == 1, "the chord callback was waiting in the control queue"
+        assert dropped == 1, "the chord callbacks were waiting in the control queue"
         chaos_stack.start_control()
 
     job, _ = _run(
@@ -194,6 +197,17 @@ def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
         shard_size=10, report=chaos_report, during=drop_callback,
     )  # fmt: skip
     assert job.status == "succeeded"
+
+
+def _last_window_running(job_id: str) -> Callable[[], bool]:
+    """The job is planned, none of its shards waits to be sent, and some still run."""
+
+    def running() -> bool:
+        job = Job.objects.get(pk=job_id)
+        statuses = set(job.shards.values_list("status", flat=True))
+        return job.status == "running" and "pending" not in statuses and "dispatched" in statuses
+
+    return running
 
 
 def test_redis_restarted_empty_mid_job_delays_the_job_but_loses_nothing(
