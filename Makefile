@@ -35,7 +35,7 @@ up: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: install
 	$(PY) -m mypy portal tasks gpuworkers bench

@@ -29,7 +29,7 @@ from portal.catalog.models import Model
 from portal.devstack.stack import Stack, StackOptions
 from portal.execution.dispatch import job_queue
 from portal.jobs.models import Job
-from portal.jobs.services.storage_layout import job_root
+from portal.jobs.storage_layout import job_root
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.storage.local import path_of

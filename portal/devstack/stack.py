@@ -19,6 +19,8 @@ from pathlib import Path
 from django.conf import settings
 
 from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
+from tasks.app import app
+from tasks.shared.config import celery_settings
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +48,6 @@ class StackOptions:
 
 def repoint_celery_app() -> None:
     """Point this process's Celery app at the broker the environment names now (`redis_client` follows by itself)."""
-    from tasks.app import app
-    from tasks.shared.config import celery_settings
-
     app.conf.update(celery_settings())
 
 
@@ -146,8 +145,6 @@ class Stack:
 
     def wait_for_workers(self, *, queues: set[str], timeout_s: float = 120.0) -> None:
         """Block until a worker consumes each of `queues` (models load lazily; imports take seconds)."""
-        from tasks.app import app
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check_alive()

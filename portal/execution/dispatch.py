@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
 
-from portal.jobs.models import Job, Shard
-from portal.jobs.services.storage_layout import job_root, pause_marker_uri
+from portal.jobs.models import Job, Shard, ShardStatus
+from portal.jobs.storage_layout import job_root, pause_marker_uri
 from tasks import send
 from tasks.shared.config import SHARD_HARD_TIME_LIMIT_S, gpu_queue, message_priority
 from tasks.shared.formats.records import input_field_for
@@ -126,3 +126,13 @@ def job_queue(job: Job) -> str:
 def effective_priority(job: Job) -> int:
     """0-9: a job may run below its tenant's priority (background work), never above it."""
     return job.tenant.priority if job.priority is None else min(job.priority, job.tenant.priority)
+
+
+def shards_revoke(job: Job) -> None:
+    """Revoke the job's sent shards, so that a worker discards those still queued; the job's stop
+    flag stops the running ones."""
+    task_ids = list(job.shards.filter(status=ShardStatus.DISPATCHED).values_list("task_id", flat=True))
+    if task_ids:
+        # Revoked ids are kept by every worker and discarded on arrival; the stop flag covers a
+        # worker that missed the broadcast.
+        send.revoke(task_ids)

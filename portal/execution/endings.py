@@ -24,7 +24,7 @@ from portal.execution.scheduler import schedule_queue
 from portal.execution.settle import Settled, SettleLedger, shards_settle
 from portal.execution.signals import jobs_progressed, shards_redispatched
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.transitions import job_fail
+from portal.jobs.transitions import job_fail
 from tasks import send
 from tasks.shared.config import SHARD_MAX_DISPATCHES
 

@@ -32,8 +32,8 @@ from django.utils import timezone
 
 from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.storage_layout import job_root, parquet_output_uri
-from portal.jobs.services.transitions import job_fail, job_transition
+from portal.jobs.storage_layout import job_root, parquet_output_uri
+from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 from tasks.shared.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces

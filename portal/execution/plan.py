@@ -44,15 +44,14 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from portal.execution.dispatch import job_queue
+from portal.execution.dispatch import job_queue, shards_revoke
 from portal.execution.endings import merge_when_settled
 from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, records_room
-from portal.jobs.services.stop import shards_revoke
-from portal.jobs.services.storage_layout import job_root, shard_input_uri, shard_prefix
-from portal.jobs.services.transitions import job_fail, job_transition
+from portal.jobs.storage_layout import job_root, shard_input_uri, shard_prefix
+from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes

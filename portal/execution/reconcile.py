@@ -3,7 +3,6 @@ ending whatever was lost.
 
 Redis holds messages, results and leases only; the database and storage hold the truth. Each
 sweep, on the control queue:
-- expires jobs past their deadline (what finished is kept);
 - sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
 - settles shards whose chord callback never came, and gives the scheduler back those that are
   neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
@@ -33,9 +32,8 @@ from portal.execution.dispatch import job_queue
 from portal.execution.endings import shard_hold_back, shards_requeue
 from portal.execution.scheduler import schedule_all
 from portal.execution.settle import Settled, shards_settle
-from portal.jobs.models import FINAL_STATUSES, SETTLING, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.services.stop import job_expire
-from portal.jobs.services.transitions import job_fail
+from portal.jobs.models import SETTLING, Job, JobStatus, Shard, ShardStatus
+from portal.jobs.transitions import job_fail
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
 from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
@@ -54,7 +52,6 @@ PendingView = Callable[[], BrokerView | None]
 
 @dataclass
 class ReconcileReport:
-    expired: int = 0
     planned: int = 0
     resent_shards: int = 0
     scheduled_shards: int = 0
@@ -76,13 +73,6 @@ def _merge_task_id(job_id: str) -> str:
 
 def _stale(job: Job, now: dt.datetime) -> bool:
     return (now - job.updated_at).total_seconds() > STALE_AFTER_S
-
-
-def _expire_overdue(now: dt.datetime, report: ReconcileReport) -> None:
-    overdue = Job.objects.exclude(status__in=FINAL_STATUSES).filter(deadline_at__lte=now)
-    for job in overdue.exclude(status__in=[JobStatus.CANCELLING, JobStatus.MERGING]):
-        if job_expire(job=job):
-            report.expired += 1
 
 
 def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
@@ -195,7 +185,6 @@ def jobs_reconcile() -> ReconcileReport:
     now = timezone.now()
     report = ReconcileReport()
     pending = _pending_view()
-    _expire_overdue(now, report)
     _replan_stalled(now, pending, report)
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)

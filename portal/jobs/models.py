@@ -1,6 +1,6 @@
 """A job is one dataset through one model; a shard is a contiguous slice of its records.
 
-The database is the truth about both. Status changes go through `portal.jobs.services.transitions`,
+The database is the truth about both. Status changes go through `portal.jobs.transitions`,
 which checks `Job.TRANSITIONS` and updates conditionally.
 """
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.requests import SubmissionError
-from portal.jobs.services.usage import month_of
+from portal.jobs.usage import month_of
 from portal.tenancy.models import Quota, Tenant
 
 

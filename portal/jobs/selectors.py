@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet, Sum
 
 from portal.jobs.models import Job, JobUsage
-from portal.jobs.services.storage_layout import job_root, parquet_output_uri
+from portal.jobs.storage_layout import job_root, parquet_output_uri
 from tasks.shared.config import queue_readings
 from tasks.shared.progress import Progress, read_job_progress, read_jobs_progress
 

@@ -11,6 +11,7 @@ import time
 from django.contrib.auth.models import User
 
 from portal.audit.services import Target, actor_label, audit_record
+from tasks.app import app
 from tasks.shared.fleet import DRAINING_TTL_S, draining_key
 from tasks.shared.redis_client import redis_client
 
@@ -26,8 +27,6 @@ def slot_drain(*, worker: str, queue: str, actor: User | None) -> bool:
     A confirmed drain is marked in Redis, so the fleet page shows it, and audited. False when the
     worker did not answer: nothing is marked or recorded.
     """
-    from tasks.app import app
-
     replies = app.control.cancel_consumer(queue, destination=[worker], reply=True, timeout=DRAIN_REPLY_TIMEOUT_S)
     if not any(worker in reply for reply in replies or []):
         logger.warning("drain of %s (%s): the worker did not answer", worker, queue)

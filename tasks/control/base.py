@@ -61,7 +61,7 @@ class ControlTask(Task):
         job_id = kwargs.get("job_id") or (args[0] if args else None)
         if job_id is None or not self.fails_job_from:
             return
-        from portal.jobs.services.transitions import job_fail
+        from portal.jobs.transitions import job_fail
 
         job_fail(
             job_id=str(job_id), reason=f"{self.name} failed: {type(exc).__name__}: {exc}", source=self.fails_job_from

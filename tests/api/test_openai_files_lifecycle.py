@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.storage_layout import job_prefix, output_uri
+from portal.jobs.storage_layout import job_prefix, output_uri
 from portal.openai_api.models import Batch, File
 from portal.openai_api.services.batches import batch_finalize
 from portal.openai_api.services.expiry import files_expire

@@ -12,7 +12,7 @@ from django.db import connection
 from bench.plan_merge import MB, IoBenchError, bench_input, render_io_results, run_io_bench
 from portal.devstack.embedded import free_port
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.storage_layout import job_prefix
+from portal.jobs.storage_layout import job_prefix
 from tasks.shared.storage import store_for
 from tests.support.workers import database_url
 

@@ -16,7 +16,7 @@ from portal.execution.scheduler import schedule_queue
 from portal.execution.settle import shards_record_success
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.requests import JobRequest
-from portal.jobs.services.transitions import job_transition
+from portal.jobs.transitions import job_transition
 from tasks.shared.config import gpu_queue
 from tasks.shared.specs import ShardManifest
 from tests.factories import ModelFactory, TenantFactory

@@ -11,7 +11,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.transitions import job_transition
+from portal.jobs.transitions import job_transition
 from portal.openai_api.models import Batch
 from portal.tenancy.models import Tenant
 from portal.webhooks.models import DeliveryStatus, WebhookDelivery

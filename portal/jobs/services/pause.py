@@ -17,9 +17,11 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from portal.audit.services import audit_record
+from portal.execution.endings import merge_when_settled
+from portal.execution.scheduler import schedule_job
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.storage_layout import job_root, pause_marker_uri
-from portal.jobs.services.transitions import job_transition
+from portal.jobs.storage_layout import job_root, pause_marker_uri
+from portal.jobs.transitions import job_transition
 from tasks.shared.stops import clear_pause, request_pause
 from tasks.shared.storage import store_for
 
@@ -61,8 +63,6 @@ def job_pause(*, job: Job, actor: User | None = None) -> Job:
 
 def job_resume(*, job: Job, actor: User | None = None) -> Job:
     """Resume a paused job: its waiting shards are scheduled again, and it merges if none is left."""
-    from portal.execution.endings import merge_when_settled
-    from portal.execution.scheduler import schedule_job
 
     job_id = str(job.id)
     with transaction.atomic():

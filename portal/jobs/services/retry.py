@@ -16,10 +16,11 @@ from django.db.models import Max
 
 from portal.audit.services import audit_record
 from portal.execution.plan import ShardWriter
+from portal.execution.scheduler import schedule_job
 from portal.execution.shard_cut import ShardCut
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
-from portal.jobs.services.storage_layout import job_root, shard_prefix
-from portal.jobs.services.transitions import job_transition
+from portal.jobs.storage_layout import job_root, shard_prefix
+from portal.jobs.transitions import job_transition
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.stops import clear_stop
 from tasks.shared.storage import store_for
@@ -84,7 +85,6 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
             )
             for shard in planned
         )
-        from portal.execution.scheduler import schedule_job
 
         transaction.on_commit(lambda: schedule_job(job_id=job_id))
         audit_record(

@@ -7,6 +7,7 @@ an error line coded `cancelled` or `expired`.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from django.contrib.auth.models import User
@@ -14,8 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.audit.services import audit_record
-from portal.jobs.models import Job, JobStatus, ShardStatus
-from portal.jobs.services.transitions import job_transition
+from portal.execution.dispatch import shards_revoke
+from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
+from portal.jobs.transitions import job_transition
 from tasks import send
 from tasks.shared.stops import request_stop
 
@@ -28,16 +30,6 @@ STOPPABLE = (JobStatus.RUNNING, JobStatus.PAUSED)
 
 class CannotStop(Exception):
     """The job has already ended, or is ending."""
-
-
-def shards_revoke(job: Job) -> None:
-    """Revoke the job's sent shards, so that a worker discards those still queued; the job's stop
-    flag stops the running ones."""
-    task_ids = list(job.shards.filter(status=ShardStatus.DISPATCHED).values_list("task_id", flat=True))
-    if task_ids:
-        # Revoked ids are kept by every worker and discarded on arrival; the stop flag covers a
-        # worker that missed the broadcast.
-        send.revoke(task_ids)
 
 
 def _finalize(job_id: str, stop: str) -> None:
@@ -99,3 +91,16 @@ def job_expire(*, job: Job) -> bool:
     with transaction.atomic():
         _finalize(job_id, "expired")
     return True
+
+
+def jobs_expire_overdue(*, now: dt.datetime) -> int:
+    """The lifecycle's part of the periodic sweep: end every job past its deadline (`job_expire`), each
+    on its own; how many this sweep ended. A job already merging or cancelling ends as it is."""
+    expired = 0
+    overdue = Job.objects.exclude(status__in=FINAL_STATUSES).filter(deadline_at__lte=now)
+    for job in overdue.exclude(status__in=[JobStatus.CANCELLING, JobStatus.MERGING]):
+        try:
+            expired += job_expire(job=job)
+        except Exception:
+            logger.exception("sweep: expiring job %s failed; the next sweep tries again", job.id)
+    return expired

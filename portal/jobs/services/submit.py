@@ -32,7 +32,7 @@ from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import quota_check_model, quota_reserve
 from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
-from portal.jobs.services.storage_layout import errors_uri, output_uri
+from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks import send
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input

@@ -21,7 +21,7 @@ from portal.audit.services import audit_record
 from portal.jobs.models import Job
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
-from portal.jobs.services.stop import job_cancel
+from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.openai_api.formats.endpoints import UnsupportedEndpoint, endpoint_for
 from portal.openai_api.formats.input_file import problems_to_openai_errors
 from portal.openai_api.formats.output_file import convert_outputs, system_fingerprint
@@ -173,8 +173,6 @@ def _validate_now(batch: Batch, source_file: File, window_s: int) -> Batch:
 def batch_cancel(*, batch: Batch, actor: User | None = None) -> Batch:
     """Cancel the batch: one still validating ends `cancelled` at once (its validation then submits
     nothing), else its job is cancelled. Raises `CannotStop` if it has ended. `actor` is who asked."""
-    from portal.jobs.services.stop import CannotStop
-
     if batch.job_id is None:
         now = timezone.now()
         with transaction.atomic():

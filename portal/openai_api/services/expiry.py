@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES
-from portal.jobs.services.storage_layout import job_root
+from portal.jobs.storage_layout import job_root
 from portal.openai_api.models import Batch, File
 from tasks.shared.storage import join_uri, store_for
 

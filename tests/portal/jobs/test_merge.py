@@ -12,7 +12,7 @@ import pytest
 from portal.execution import merge
 from portal.execution.merge import MergeCursor, _cursor_uri, _read_cursor, job_merge, job_merge_advance
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.storage_layout import parquet_output_uri
+from portal.jobs.storage_layout import parquet_output_uri
 from tasks.shared.storage import store_for
 from tests.factories import TenantFactory
 from tests.support.jobs import CommittedLayout, committed_job, committed_settle

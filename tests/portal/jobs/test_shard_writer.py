@@ -9,7 +9,7 @@ import pytest
 from portal.catalog.throughput import CostModel
 from portal.execution.plan import ShardWriter
 from portal.execution.shard_cut import ShardCut
-from portal.jobs.services.storage_layout import job_prefix
+from portal.jobs.storage_layout import job_prefix
 from tasks.shared.formats.records import Record
 from tasks.shared.storage import store_for
 

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from portal.jobs.models import Job, JobStatus
-from portal.jobs.services.transitions import job_fail, job_transition
+from portal.jobs.transitions import job_fail, job_transition
 
 
 @pytest.fixture

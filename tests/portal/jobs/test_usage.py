@@ -14,8 +14,8 @@ from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
-from portal.jobs.services.transitions import job_transition
-from portal.jobs.services.usage import month_of
+from portal.jobs.transitions import job_transition
+from portal.jobs.usage import month_of
 from portal.tenancy.models import Quota
 
 pytestmark = pytest.mark.django_db

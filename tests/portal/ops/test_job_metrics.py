@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.services.transitions import job_transition
+from portal.jobs.transitions import job_transition
 from portal.ops.metrics.collector import stored_families
 
 pytestmark = pytest.mark.django_db

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.jobs.signals import job_ended, job_ending
+from portal.jobs.usage import usage_record
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ def job_transition(*, job_id: str, source: str | Collection[str], target: str, *
 
 
 def _job_ended(job_id: str, status: str) -> None:
-    from portal.jobs.services.usage import usage_record
-
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     job_ending.send(sender=Job, job=job, gpu_seconds_added=usage_record(job=job))
     transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, status=status))
