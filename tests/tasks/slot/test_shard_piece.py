@@ -21,7 +21,7 @@ from tasks.shared.specs import ShardManifest, ShardSpec, read_commit
 from tasks.shared.storage import store_for
 from tasks.slot.shard_execution import execute_shard
 from tasks.slot.shard_piece import ShardPiece
-from tests.tasks.test_shard_execution import MINILM
+from tests.tasks.slot.test_shard_execution import MINILM
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 

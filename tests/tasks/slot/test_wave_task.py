@@ -18,7 +18,7 @@ from tasks.app import app
 from tasks.shared.specs import ShardSpec, read_commit
 from tasks.shared.stops import PAUSED
 from tasks.slot.run_shard import run_shards, shard_soft_time_limit
-from tests.tasks.test_shard_execution import MINILM
+from tests.tasks.slot.test_shard_execution import MINILM
 
 
 def _spec(tmp_path: Path, index: int, *, records: int = 2) -> ShardSpec:
