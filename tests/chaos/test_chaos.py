@@ -20,7 +20,16 @@ import pytest
 from portal.jobs.models import Job
 from tests.chaos.conftest import scale
 from tests.factories import ModelFactory
-from tests.support.chaos import ChaosStack, check_exactly_once, read_jsonl, wait_for, write_records
+from tests.support.chaos import (
+    ChaosStack,
+    check_exactly_once,
+    commits,
+    last_window_running,
+    read_jsonl,
+    shards_started,
+    wait_for,
+    write_records,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -62,22 +71,13 @@ def _run(
     return job, result
 
 
-def _shards_started(job_id: str, count: int) -> Callable[[], bool]:
-    def started() -> bool:
-        job = Job.objects.get(pk=job_id)
-        prefixes = [Path(s.prefix_uri.removeprefix("file://")) / "started" for s in job.shards.all()]
-        return sum(1 for p in prefixes if p.exists()) >= count
-
-    return started
-
-
 def test_a_worker_killed_mid_shard_loses_nothing(
     chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
 ) -> None:
     chaos_model("echo", sleep_per_record=0.02)
 
     def kill_mid_shard(job_id: str) -> None:
-        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        wait_for(shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
         for child in chaos_stack.pool_children("cpu0"):
             os.kill(child.pid, signal.SIGKILL)
 
@@ -157,7 +157,7 @@ def test_a_shard_message_delivered_twice_is_merged_once(
     chaos_model("echo", sleep_per_record=0.01)
 
     def republish(job_id: str) -> None:
-        wait_for(_shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
+        wait_for(shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
         from portal.execution.dispatch import shard_spec
 
         job = Job.objects.select_related("model").get(pk=job_id)
@@ -181,9 +181,9 @@ def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
     def drop_callback(job_id: str) -> None:
         # Only once every shard is sent: the scheduler's window holds a few shards a slot, and the rest
         # would wait for the control worker that is about to stop.
-        wait_for(_last_window_running(job_id), timeout_s=scale(60, 300), what="every shard sent", stack=chaos_stack)
+        wait_for(last_window_running(job_id), timeout_s=scale(60, 300), what="every shard sent", stack=chaos_stack)
         chaos_stack.workers["control"].stop()
-        committed = _commits(job_id)
+        committed = commits(job_id)
         wait_for(lambda: committed() == Job.objects.get(pk=job_id).shard_count, timeout_s=60, what="all commits")
         import redis
 
@@ -199,24 +199,13 @@ def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
     assert job.status == "succeeded"
 
 
-def _last_window_running(job_id: str) -> Callable[[], bool]:
-    """The job is planned, none of its shards waits to be sent, and some still run."""
-
-    def running() -> bool:
-        job = Job.objects.get(pk=job_id)
-        statuses = set(job.shards.values_list("status", flat=True))
-        return job.status == "running" and "pending" not in statuses and "dispatched" in statuses
-
-    return running
-
-
 def test_redis_restarted_empty_mid_job_delays_the_job_but_loses_nothing(
     chaos_stack: ChaosStack, chaos_model: Any, chaos_report: Any, tmp_path: Path
 ) -> None:
     chaos_model("echo", sleep_per_record=0.02)
 
     def restart_redis(job_id: str) -> None:
-        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        wait_for(shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
         chaos_stack.restart_redis_empty()
 
     job, _ = _run(
@@ -247,7 +236,7 @@ def test_cancel_mid_run_ends_the_job_within_seconds_and_starts_no_shard_after_it
     moments: dict[str, float] = {}
 
     def cancel(job_id: str) -> None:
-        wait_for(_shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
+        wait_for(shards_started(job_id, 2), timeout_s=60, what="two shards to start", stack=chaos_stack)
         moments["asked"] = time.time()
         chaos_stack.manage("job", "cancel", job_id)
         wait_for(lambda: Job.objects.get(pk=job_id).status == "cancelled", timeout_s=10, what="cancelled")
@@ -294,14 +283,6 @@ def test_a_job_of_many_shards_completes(
     )  # fmt: skip
     assert job.status == "succeeded"
     assert job.shard_count == shards
-
-
-def _commits(job_id: str) -> Callable[[], int]:
-    def count() -> int:
-        job = Job.objects.get(pk=job_id)
-        return sum(1 for s in job.shards.all() if (Path(s.prefix_uri.removeprefix("file://")) / "commit.json").exists())
-
-    return count
 
 
 def _publish(stack: ChaosStack, task: str, args: list[Any], queue: str, *, times: int) -> None:
@@ -493,7 +474,7 @@ def test_sigterm_gives_the_running_shard_its_soft_shutdown_time_then_the_shard_r
     timing: dict[str, float] = {}
 
     def terminate_mid_shard(job_id: str) -> None:
-        wait_for(_shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
+        wait_for(shards_started(job_id, 1), timeout_s=60, what="a shard to start", stack=chaos_stack)
         timing["sent"] = time.monotonic()
         slot.process.send_signal(signal.SIGTERM)
         slot.process.wait(timeout=30)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import orjson
 import psutil
 
 from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
+from portal.jobs.models import Job
 from tasks.shared.storage import store_for
 from tests.support.workers import REPO, WorkerProcess, start_worker
 
@@ -224,3 +226,31 @@ def wait_for(predicate: Any, *, timeout_s: float, what: str, stack: ChaosStack |
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{stack.logs() if stack else ''}")
+
+
+def shards_started(job_id: str, count: int) -> Callable[[], bool]:
+    def started() -> bool:
+        job = Job.objects.get(pk=job_id)
+        prefixes = [Path(s.prefix_uri.removeprefix("file://")) / "started" for s in job.shards.all()]
+        return sum(1 for p in prefixes if p.exists()) >= count
+
+    return started
+
+
+def last_window_running(job_id: str) -> Callable[[], bool]:
+    """The job is planned, none of its shards waits to be sent, and some still run."""
+
+    def running() -> bool:
+        job = Job.objects.get(pk=job_id)
+        statuses = set(job.shards.values_list("status", flat=True))
+        return job.status == "running" and "pending" not in statuses and "dispatched" in statuses
+
+    return running
+
+
+def commits(job_id: str) -> Callable[[], int]:
+    def count() -> int:
+        job = Job.objects.get(pk=job_id)
+        return sum(1 for s in job.shards.all() if (Path(s.prefix_uri.removeprefix("file://")) / "commit.json").exists())
+
+    return count
