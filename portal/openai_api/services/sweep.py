@@ -36,15 +36,15 @@ def batches_sweep(*, now: dt.datetime) -> BatchesSweepReport:
     return report
 
 
-def batches_validation_resend(*, now: dt.datetime, pending: BrokerView | None = None) -> int:
+def batches_validation_resend(*, now: dt.datetime) -> int:
     """Send validation again for batches left `validating`: their message was never sent (broker down at
     the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
     message back only after the visibility timeout, an hour, and never one that was not sent. The control
-    queue is read (whole) only if a batch needs it, and at most once; `pending` stands in for it."""
+    queue is read (whole) only if a batch needs it, and at most once."""
 
     @functools.cache
     def queued() -> BrokerView | None:
-        return pending if pending is not None else pending_task_ids({CONTROL_QUEUE})
+        return pending_task_ids({CONTROL_QUEUE})
 
     resent = 0
     for batch_id in batches_validation_stalled(now=now):
