@@ -15,7 +15,7 @@ else
 PYTEST_MARKERS ?= -m "not slow"
 endif
 
-.PHONY: install demo up test lint typecheck bench chaos clean
+.PHONY: install demo up test lint typecheck bench chaos abuse clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,8 @@ clean:
 # The chaos suite at full size; prints the table (also written to test-artifacts/chaos.md).
 chaos: install
 	CHAOS_SCALE=full $(PY) -m pytest tests/chaos -m chaos $(PYTEST_ARGS)
+
+# The abuse suite at full size: hostile tenants against a live stack while another tenant's small job
+# runs; prints the table (also written to test-artifacts/abuse.md).
+abuse: install
+	ABUSE_SCALE=full $(PY) -m pytest tests/abuse -m abuse $(PYTEST_ARGS)

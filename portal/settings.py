@@ -96,6 +96,8 @@ MIDDLEWARE = [
     # First and last: django-prometheus times each request from end to end (django_http_* metrics).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads a body: one over its limit is refused from its headers (413).
+    "portal.api.body_limit.RequestBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -368,6 +370,21 @@ BATCHERY_MAX_UPLOAD_BYTES = env_int(
     200 * 1024 * 1024,
     minimum=1,
     doc="The largest upload the API and the portal take (413 above).",
+)
+# Request bodies other than uploads (JSON, forms) larger than this are refused with 413 before they are read.
+BATCHERY_MAX_REQUEST_BYTES = env_int(
+    "BATCHERY_MAX_REQUEST_BYTES",
+    10 * 1024 * 1024,
+    minimum=1024,
+    doc="The largest request body other than an upload (413 above, from its Content-Length).",
+)
+# A job's input cut into more shards than this fails at planning: each shard is a row, a message and a
+# merge step, so one job must not flood the tables and queues every tenant shares.
+BATCHERY_MAX_SHARDS_PER_JOB = env_int(
+    "BATCHERY_MAX_SHARDS_PER_JOB",
+    20_000,
+    minimum=1,
+    doc="The most shards one job may be cut into; planning fails a job that needs more.",
 )
 # The shortest `expires_after` / `output_expires_after` accepted: an hour, as at OpenAI; tests lower it.
 BATCHERY_FILE_EXPIRY_MIN_SECONDS = env_int(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tasks.shared.config import MAX_N, MAX_OUTPUT_TOKENS
+
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's limit, and vLLM's default one)."""
 
@@ -59,10 +61,12 @@ def sampling_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("max_completion_tokens", "max_tokens"):
         if params.get(name) is not None:
             kwargs["max_tokens"] = _integer(params, name, minimum=1)
+            check_bound(name, kwargs["max_tokens"], MAX_OUTPUT_TOKENS.read(), "BATCHERY_MAX_OUTPUT_TOKENS")
             break
     _put(kwargs, "temperature", _number(params, "temperature", 0, 2))
     _put(kwargs, "top_p", _number(params, "top_p", 0, 1, low_open=True))
     _put(kwargs, "n", _integer(params, "n", minimum=1))
+    check_bound("n", kwargs.get("n"), MAX_N.read(), "BATCHERY_MAX_N")
     _put(kwargs, "seed", _integer(params, "seed"))
     _put(kwargs, "presence_penalty", _number(params, "presence_penalty", -2, 2))
     _put(kwargs, "frequency_penalty", _number(params, "frequency_penalty", -2, 2))
@@ -121,6 +125,12 @@ def is_int(value: Any) -> bool:
 def _put(kwargs: dict[str, Any], name: str, value: Any) -> None:
     if value is not None:
         kwargs[name] = value
+
+
+def check_bound(name: str, value: int | None, limit: int, setting: str) -> None:
+    """Raise `ParamError` when `value` asks for more than this platform's `limit` allows."""
+    if value is not None and value > limit:
+        raise ParamError(name, f"{name} is {value}, over this platform's limit of {limit} ({setting})")
 
 
 def _integer(params: Mapping[str, Any], name: str, *, minimum: int | None = None) -> int | None:

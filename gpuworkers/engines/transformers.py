@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
 from gpuworkers.engines.messages import require_messages
-from gpuworkers.engines.sampling import ParamError, is_int, structured_output
+from gpuworkers.engines.sampling import ParamError, check_bound, is_int, structured_output
 from gpuworkers.engines.torch_memory import TorchModelHolder
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
+from tasks.shared.config import MAX_OUTPUT_TOKENS
 
 if TYPE_CHECKING:
     import torch
@@ -100,6 +101,7 @@ class GenerationParams:
             raise ParamError("truncate", f"truncate must be true or false, not {params['truncate']!r}")
         if not is_int(generation.max_tokens) or generation.max_tokens < 1:
             raise ParamError("max_tokens", f"max_tokens must be a positive integer, not {generation.max_tokens!r}")
+        check_bound("max_tokens", generation.max_tokens, MAX_OUTPUT_TOKENS.read(), "BATCHERY_MAX_OUTPUT_TOKENS")
         if not 0 <= generation.temperature <= 2:
             raise ParamError("temperature", f"temperature must be in [0, 2], not {generation.temperature}")
         if not 0 < generation.top_p <= 1:

@@ -23,21 +23,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from portal.api.error_types import API_PREFIXES, ERROR_TYPES
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
-
-API_PREFIXES = ("/api/", "/v1/")
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
 
 
 class ApiError(exceptions.APIException):

@@ -1,4 +1,5 @@
-"""The API's JSON parser: DRF's, answering 400 instead of 500 to a body nested too deeply to parse.
+"""The API's JSON parser: DRF's, reading at most `BATCHERY_MAX_REQUEST_BYTES`, and answering 400
+instead of 500 to a body nested too deeply to parse.
 
 Python's JSON decoder recurses once per level of nesting, so a body of a few thousand `[` raises
 RecursionError, which DRF does not catch. The limits on what a field may hold (params: depth and
@@ -24,12 +25,20 @@ _DEEP = 100
 
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser; a body nested deeper than the decoder can go is a 400 naming its field."""
+    """DRF's JSON parser; a body over the size limit is a 413 and one nested deeper than the decoder can
+    go a 400 naming its field."""
 
     def parse(
         self, stream: IO[bytes], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None
     ) -> Any:
-        body = stream.read()
+        limit = settings.BATCHERY_MAX_REQUEST_BYTES
+        body = stream.read(limit + 1)
+        if len(body) > limit:
+            raise ApiError(
+                f"the request body is over the limit of {limit} bytes (BATCHERY_MAX_REQUEST_BYTES)",
+                status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                code="payload_too_large",
+            )
         try:
             return super().parse(io.BytesIO(body), media_type, parser_context)
         except RecursionError:

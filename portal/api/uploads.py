@@ -1,25 +1,14 @@
-"""Uploads through the API: refused early when too large, then streamed into storage."""
+"""Uploads through the API, streamed into storage (a body over the limit never gets here: see `body_limit`)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
-from rest_framework.request import Request
 
-from portal.api.errors import too_large
+from portal.api.errors import submission_refused, too_large
+from portal.jobs.quota import QuotaExceeded
 from portal.jobs.services.uploads import UploadTooLarge, upload_store
 from portal.tenancy.models import Tenant
-
-# Room for the multipart envelope and the other form fields around the file.
-ENVELOPE_BYTES = 64 * 1024
-
-
-def refuse_oversized_request(request: Request) -> None:
-    """Answer 413 from the Content-Length alone, before reading a body that is too large."""
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    limit = settings.BATCHERY_MAX_UPLOAD_BYTES
-    if declared.isdigit() and int(declared) > limit + ENVELOPE_BYTES:
-        raise too_large(f"the request body is {declared} bytes; uploads are limited to {limit} bytes")
 
 
 def store_upload(tenant: Tenant, upload: UploadedFile) -> str:
@@ -31,4 +20,6 @@ def store_upload(tenant: Tenant, upload: UploadedFile) -> str:
         uri, _ = upload_store(tenant_id=tenant.pk, filename=upload.name or "input.jsonl", chunks=upload.chunks())
     except UploadTooLarge as exc:
         raise too_large(str(exc)) from None
+    except QuotaExceeded as exc:
+        raise submission_refused(exc) from None
     return uri

@@ -226,6 +226,10 @@ class PlanningStopped(Exception):
     """The job left `planning` (cancelled, expired) while its planner was reading."""
 
 
+class TooManyShards(Exception):
+    """The job's input needs more shards than one job may have (`BATCHERY_MAX_SHARDS_PER_JOB`)."""
+
+
 class StreamingDispatch:
     """Creates each shard's row soon after its input is written and, while the input is still being
     read, has the scheduler send shards: at the first shard, then at most every SCHEDULE_EVERY_S.
@@ -245,6 +249,12 @@ class StreamingDispatch:
         """False once the input has been read: planning's end schedules the last shards."""
 
     def shard_written(self, planned: PlannedShard) -> None:
+        limit = settings.BATCHERY_MAX_SHARDS_PER_JOB
+        if planned.index >= limit:
+            raise TooManyShards(
+                f"the input needs more than {limit} shards, the most one job may have "
+                "(BATCHERY_MAX_SHARDS_PER_JOB): give a larger shard_size or split the input into several jobs"
+            )
         self._waiting.append(
             Shard(
                 job_id=self._job_id,
@@ -376,7 +386,7 @@ def _plan(job_id: str, *, resumed: bool) -> None:
     except PlanningStopped:
         logger.info("job %s left planning while its input was read; planning stops", job_id)
         return
-    except RecordsOverQuota as exc:
+    except (RecordsOverQuota, TooManyShards) as exc:
         _refuse(job, str(exc))
         return
     except StorageError as exc:

@@ -23,7 +23,6 @@ from portal.api.access import request_access, request_user
 from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object
 from portal.api.errors import ApiError, conflict, submission_refused, too_large
 from portal.api.parsers import JSONParser
-from portal.api.uploads import refuse_oversized_request
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.services.stop import CannotStop
 from portal.jobs.services.uploads import UploadTooLarge
@@ -153,7 +152,6 @@ class FilesView(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def post(self, request: Request) -> Response:
-        refuse_oversized_request(request)
         # The multipart and form parsers give a QueryDict.
         form = FileUploadSerializer(data=_form_with_objects(cast(QueryDict, request.data)))
         form.is_valid(raise_exception=True)
@@ -170,6 +168,8 @@ class FilesView(APIView):
             raise ApiError(str(exc), status_code=400, code="invalid", param=exc.param) from None
         except UploadTooLarge as exc:
             raise too_large(str(exc)) from None
+        except QuotaExceeded as exc:
+            raise submission_refused(exc) from None
         return Response(file_object(file))
 
 

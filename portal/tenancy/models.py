@@ -57,14 +57,27 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
+DEFAULT_MAX_QUEUED_RECORDS = 10_000_000
+"""A new tenant's records in jobs not yet ended: room for a few large jobs, not for flooding the planner."""
+DEFAULT_MAX_STORED_BYTES = 50 * 1024**3
+"""A new tenant's uploads kept at once: uploads without an expiry stay until deleted."""
+
+
 class Quota(models.Model):
     """Limits checked at submission with this row locked; an empty limit means no limit."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True, default=10)
-    max_queued_records = models.PositiveBigIntegerField(null=True, blank=True)
+    max_queued_records = models.PositiveBigIntegerField(null=True, blank=True, default=DEFAULT_MAX_QUEUED_RECORDS)
     max_input_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     gpu_seconds_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    max_stored_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        default=DEFAULT_MAX_STORED_BYTES,
+        help_text="Bytes of uploads (job inputs and /v1/files, with or without an expiry) kept in the platform's "
+        "storage at once.",
+    )
     allowed_models = models.ManyToManyField(
         "catalog.Model", blank=True, related_name="+", help_text="Empty: every enabled model."
     )

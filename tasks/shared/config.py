@@ -296,3 +296,12 @@ S3_MIN_PART_BYTES = 5 * 1024 * 1024
 S3_PART_BYTES = int_var(
     "BATCHERY_S3_PART_BYTES", 16 * 1024 * 1024, minimum=S3_MIN_PART_BYTES, doc="Part size of multipart S3 writes."
 )
+# What one request may ask of the shared GPUs: checked at submission (a job's params, each line of an
+# OpenAI batch) and again by the engine for each record's own params.
+MAX_N = int_var("BATCHERY_MAX_N", 16, minimum=1, doc="The most completions (`n`) one request may ask for.")
+MAX_OUTPUT_TOKENS = int_var(
+    "BATCHERY_MAX_OUTPUT_TOKENS",
+    32768,
+    minimum=1,
+    doc="The most tokens (`max_tokens`, `max_completion_tokens`) one request may ask to generate.",
+)

@@ -75,8 +75,10 @@ def test_a_dry_run_upload_answers_200_with_the_report_and_keeps_neither_job_nor_
     assert report["observed"] is False
     assert report["eta_seconds"] > 0
     assert report["quota"] == [
-        {"quota": "max_concurrent_jobs", "limit": 10, "used": 0.0, "adds": 1.0, "left": 9.0, "refused": None}
-    ]
+        {"quota": "max_concurrent_jobs", "limit": 10, "used": 0.0, "adds": 1.0, "left": 9.0, "refused": None},
+        {"quota": "max_queued_records", "limit": 10_000_000, "used": 0.0, "adds": 12.0, "left": 9_999_988.0,
+         "refused": None},
+    ]  # fmt: skip
     assert not Job.objects.exists()
     assert _uploads(alice.tenant) == []
 

@@ -23,7 +23,7 @@ from portal.api.filters import JobFilter
 from portal.api.parsers import JSONParser
 from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import DryRunReportSerializer, JobCreateSerializer, JobSerializer
-from portal.api.uploads import refuse_oversized_request, store_upload
+from portal.api.uploads import store_upload
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file, jobs_live_progress
@@ -120,7 +120,6 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def create(self, request: Request) -> Response:
         """Submit a job; with `dry_run`, report what it would do instead (bad lines and quota refusals
         included, in the report) and create nothing."""
-        refuse_oversized_request(request)
         form = JobCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data

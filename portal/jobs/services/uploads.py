@@ -1,7 +1,9 @@
 """Uploaded inputs: streamed into Batchery's storage under the tenant's own prefix.
 
-An upload is copied in chunks, never held whole in memory, and refused past the size limit with
-nothing left behind.
+An upload is copied in chunks, never held whole in memory, and refused with nothing left behind
+past the size limit of one upload, or past the room its tenant's `max_stored_bytes` quota leaves
+beside the uploads it already keeps (measured from the storage's listing, so that every way an upload
+leaves, deleted or expired, frees its room).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
+from portal.jobs.quota import QuotaExceeded
+from portal.tenancy.models import Quota
 from tasks.shared.storage import join_uri, store_for
 
 
@@ -31,18 +35,41 @@ def _safe_name(filename: str) -> str:
     return name[:100] or "input.jsonl"
 
 
+def stored_bytes(tenant_id: int) -> int:
+    """Bytes of the tenant's uploads in the platform's storage now."""
+    root = uploads_root(tenant_id)
+    return store_for(root).prefix_bytes(root)
+
+
+def _stored_over_quota(limit: int, stored: int, size: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        quota="max_stored_bytes",
+        limit=limit,
+        current=stored,
+        requested=size,
+        message=f"quota max_stored_bytes exceeded: the tenant's uploads keep {stored} bytes, this upload needs "
+        f"{size} or more, the limit is {limit}; delete files or ask an operator for more",
+    )
+
+
 def upload_store(
     *, tenant_id: int, filename: str, chunks: Iterable[bytes], limit: int | None = None
 ) -> tuple[str, int]:
-    """Store an upload; return its URI and size. Raises `UploadTooLarge` (and keeps nothing) past `limit`."""
+    """Store an upload; return its URI and size. Raises `UploadTooLarge` past `limit`, `QuotaExceeded`
+    past the tenant's room for stored uploads, and keeps nothing when it raises."""
     limit = settings.BATCHERY_MAX_UPLOAD_BYTES if limit is None else limit
+    quota = Quota.objects.filter(tenant_id=tenant_id).values_list("max_stored_bytes", flat=True).first()
+    stored = stored_bytes(tenant_id) if quota is not None else 0
+    room = None if quota is None else quota - stored
     uri = join_uri(uploads_root(tenant_id), f"{uuid.uuid4().hex}-{_safe_name(filename)}")
     size = 0
     with store_for(uri).open_write(uri) as target:
         for chunk in chunks:
             size += len(chunk)
+            # Raising inside the writer discards what was written.
             if size > limit:
-                # Raising inside the writer discards what was written.
                 raise UploadTooLarge(limit)
+            if room is not None and size > room:
+                raise _stored_over_quota(quota or 0, stored, size)
             target.write(chunk)
     return uri, size

@@ -37,6 +37,9 @@ class ObjectStore(Protocol):
     def delete_prefix(self, uri: str) -> None:
         """Delete every object under a prefix; a missing prefix is not an error."""
 
+    def prefix_bytes(self, uri: str) -> int:
+        """Bytes of the objects under a prefix (0 for none), from listings, not reads."""
+
 
 def join_uri(base: str, *parts: str) -> str:
     """Join URI path segments with single slashes."""

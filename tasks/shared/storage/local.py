@@ -92,6 +92,12 @@ class LocalStore:
         for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
             yield path.as_uri()
 
+    def prefix_bytes(self, uri: str) -> int:
+        root = path_of(uri)
+        if not root.is_dir():
+            return 0
+        return sum(path.stat().st_size for path in root.rglob("*") if path.is_file() and not path.is_symlink())
+
     def delete_prefix(self, uri: str) -> None:
         path = path_of(uri)
         if path.is_dir():

@@ -316,13 +316,20 @@ class S3Store:
         with _s3_errors(uri, "inspecting"):
             return int(self._client().head_object(Bucket=bucket, Key=key)["ContentLength"])
 
-    def _keys_under(self, uri: str, action: str) -> Iterator[tuple[str, str]]:
+    def _listed_under(self, uri: str, action: str) -> Iterator[tuple[str, dict[str, Any]]]:
         bucket, key = parse_s3_uri(uri)
         pages = self._client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_folder(key))
         with _s3_errors(uri, action):
             for page in pages:
                 for item in page.get("Contents", []):
-                    yield bucket, item["Key"]
+                    yield bucket, item
+
+    def _keys_under(self, uri: str, action: str) -> Iterator[tuple[str, str]]:
+        for bucket, item in self._listed_under(uri, action):
+            yield bucket, item["Key"]
+
+    def prefix_bytes(self, uri: str) -> int:
+        return sum(int(item["Size"]) for _, item in self._listed_under(uri, "measuring"))
 
     def list_prefix(self, uri: str) -> Iterator[str]:
         for bucket, key in self._keys_under(uri, "listing"):
