@@ -30,6 +30,8 @@ ABUSE_ENV = {
     "BATCHERY_RECONCILE_INTERVAL_S": "2",
     # Receivers of the webhook attacks listen on 127.0.0.1.
     "BATCHERY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    # Low enough for an attack to cross it with a small input.
+    "BATCHERY_MAX_SHARDS_PER_JOB": "100",
 }
 
 
