@@ -24,7 +24,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             raise AuthenticationFailed("the Authorization header must be 'Bearer <API key>'")
         key = apikey_authenticate(parts[1].decode(errors="replace"))
         if key is None:
-            raise AuthenticationFailed("the API key is unknown, revoked or expired")
+            raise AuthenticationFailed("the API key is unknown, revoked or expired, or its user is deactivated")
         access = access_for_key(key)
         if access is None:
             raise AuthenticationFailed("the API key's user is no longer a member of its tenant")

@@ -15,6 +15,7 @@ from portal.audit.services import (
     field_values,
     stored_field_values,
 )
+from portal.tenancy.apikeys import apikeys_revoke_of_member
 from portal.tenancy.models import Membership, Quota, Tenant
 
 
@@ -37,12 +38,17 @@ ROW_ACTIONS: dict[type | None, str] = {Quota: "quota.changed", Membership: "memb
 
 
 def tenant_rows_save(*, tenant: Tenant, formset: BaseModelFormSet, actor: User | None) -> None:
-    """Save a tenant's quota or memberships edited by hand (the admin's inlines), each row recorded."""
+    """Save a tenant's quota or memberships edited by hand (the admin's inlines), each row recorded.
+    A member removed there loses their keys for the tenant, as through `membership_remove`."""
     action = ROW_ACTIONS.get(formset.model)
     if action is None:
         formset.save()
         return
-    audited_formset_save(formset=formset, actor=actor, action=action, tenant=tenant)
+    with transaction.atomic():
+        audited_formset_save(formset=formset, actor=actor, action=action, tenant=tenant)
+        if formset.model is Membership:
+            for row in formset.deleted_forms:
+                apikeys_revoke_of_member(tenant=tenant, user=row.instance.user, actor=actor)
 
 
 def user_get_or_create(*, username: str) -> User:
@@ -137,3 +143,5 @@ def membership_remove(*, membership: Membership, actor_role: str, actor: User | 
         # Recorded before the row goes, so the entry still names it.
         _audit_role(locked, locked.role, None, actor, "removed")
         membership.delete()
+        # Their keys end with their membership: adding them back later does not revive them.
+        apikeys_revoke_of_member(tenant=locked.tenant, user=locked.user, actor=actor)
