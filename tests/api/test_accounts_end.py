@@ -44,7 +44,8 @@ def test_a_deactivated_users_portal_and_api_sessions_stop_at_once(caller: Callab
     alice.user.set_password("a long passphrase of alice")
     alice.user.save()
     portal = Client()
-    assert portal.login(username=alice.user.username, password="a long passphrase of alice")
+    signed_in = portal.post("/login/", {"username": alice.user.username, "password": "a long passphrase of alice"})
+    assert signed_in.status_code == 302
     api = APIClient()
     api.force_login(alice.user)
     assert portal.get("/").status_code == 200
