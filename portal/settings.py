@@ -505,3 +505,11 @@ BATCHERY_API_KEY_FAILURE_WINDOW_S = env_int(
     doc="The window (seconds) over which failed API-key attempts are counted; a throttled client's Retry-After "
     "is what is left of it.",
 )
+
+# --- Invitations (issue 39): a tenant admin's invitation waits this long for the invitee's answer. ---
+BATCHERY_INVITATION_EXPIRY_DAYS = env_int(
+    "BATCHERY_INVITATION_EXPIRY_DAYS",
+    14,
+    minimum=1,
+    doc="Days an invitation to a tenant waits for the invited person to accept or decline it.",
+)

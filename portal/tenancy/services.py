@@ -84,7 +84,7 @@ class MembershipRefused(Exception):
     """The change would break a rule about roles; the message says which."""
 
 
-def _check_may_touch(actor_role: str, *roles: str) -> None:
+def check_may_touch(actor_role: str, *roles: str) -> None:
     if Membership.Role.OWNER in roles and actor_role != Membership.Role.OWNER:
         raise MembershipRefused("only an owner may grant, change or remove the owner role")
 
@@ -110,8 +110,11 @@ def _audit_role(membership: Membership, old: str | None, new: str | None, actor:
 def membership_add(
     *, tenant: Tenant, username: str, role: str, actor_role: str, actor: User | None = None
 ) -> Membership:
-    """Add a user (created if new, without a password: they sign in once an operator sets one)."""
-    _check_may_touch(actor_role, role)
+    """Add a user (created if new, without a password: they sign in once an operator sets one).
+
+    For operators only (`manage.py apikey create`): a tenant admin invites, and the person joins by
+    accepting (portal.tenancy.invitations)."""
+    check_may_touch(actor_role, role)
     with transaction.atomic():
         user, _ = User.objects.get_or_create(username=username)
         if Membership.objects.filter(tenant=tenant, user=user).exists():
@@ -122,7 +125,7 @@ def membership_add(
 
 
 def membership_set_role(*, membership: Membership, role: str, actor_role: str, actor: User | None = None) -> Membership:
-    _check_may_touch(actor_role, role, membership.role)
+    check_may_touch(actor_role, role, membership.role)
     with transaction.atomic():
         locked = Membership.objects.select_for_update().get(pk=membership.pk)
         if role != Membership.Role.OWNER:
@@ -136,7 +139,7 @@ def membership_set_role(*, membership: Membership, role: str, actor_role: str, a
 
 
 def membership_remove(*, membership: Membership, actor_role: str, actor: User | None = None) -> None:
-    _check_may_touch(actor_role, membership.role)
+    check_may_touch(actor_role, membership.role)
     with transaction.atomic():
         locked = Membership.objects.select_for_update().get(pk=membership.pk)
         _check_keeps_an_owner(locked)
