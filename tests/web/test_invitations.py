@@ -155,3 +155,32 @@ def test_an_admin_may_not_invite_an_owner_and_nobody_invites_a_member_twice(pers
     assert member.status_code == 409 and "already a member" in member.json()["error"]["message"]
     nobody = admin.post("/api/v1/invitations/", {"role": "member"}, format="json")
     assert nobody.status_code == 400 and nobody.json()["error"]["param"] == "username"
+
+
+def test_a_tenant_admin_invites_and_removes_from_the_portals_members_page(person: Callable[..., User]) -> None:
+    person("alice", "acme")
+    ann = person("ann", "beta", role=Membership.Role.ADMIN)
+    bob = person("bob", "beta")
+    _, bob_key = apikey_create(tenant=Tenant.objects.get(name="beta"), user=bob)
+    admin = _signed_in("ann")
+
+    invited = admin.post("/members/", {"username": "alice", "email": "", "role": "viewer"})
+    assert invited.status_code == 200 and b"/invitations/" in invited.content
+    assert invited["Cache-Control"] == "no-store"
+    assert not Membership.objects.filter(tenant__name="beta", user__username="alice").exists()
+    invitation = Invitation.objects.get(tenant__name="beta", username="alice")
+    assert invitation.inviter == ann and invitation.status == "pending"
+    assert admin.post("/members/", {"username": "", "email": "", "role": "member"}).status_code == 200
+    assert Invitation.objects.count() == 1
+
+    assert admin.post(f"/members/invitations/{invitation.pk}/revoke/").status_code == 302
+    invitation.refresh_from_db()
+    assert invitation.status == "revoked"
+
+    membership = Membership.objects.get(tenant__name="beta", user=bob)
+    assert admin.post(f"/members/{membership.pk}/remove/").status_code == 302
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {bob_key}")
+    assert client.get("/api/v1/jobs/").status_code == 401
+    # A plain member sees no members page.
+    assert _signed_in("alice").get("/members/").status_code == 403
