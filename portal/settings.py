@@ -513,3 +513,9 @@ BATCHERY_INVITATION_EXPIRY_DAYS = env_int(
     minimum=1,
     doc="Days an invitation to a tenant waits for the invited person to accept or decline it.",
 )
+BATCHERY_MAX_PENDING_INVITATIONS = env_int(
+    "BATCHERY_MAX_PENDING_INVITATIONS",
+    100,
+    minimum=1,
+    doc="Invitations one tenant may have waiting for an answer at once.",
+)

@@ -29,6 +29,14 @@ class InvitationRefused(Exception):
     """The invitation cannot be made or answered now; the message says why."""
 
 
+class TooManyInvitations(InvitationRefused):
+    """The tenant has BATCHERY_MAX_PENDING_INVITATIONS waiting already."""
+
+
+def _pending() -> Q:
+    return Q(accepted_at=None, declined_at=None, revoked_at=None, expires_at__gt=timezone.now())
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -60,6 +68,18 @@ def invitation_create(
     now = timezone.now()
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
+        # The tenant's row locked: two invitations made at once are counted one after the other.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        pending = Invitation.objects.filter(_pending(), tenant=tenant)
+        same = (Q(username=username) if username else Q()) | (Q(email__iexact=email) if email else Q())
+        if pending.filter(same).exists():
+            raise InvitationRefused(f"{username or email} has an invitation to {tenant.name} waiting already")
+        limit = settings.BATCHERY_MAX_PENDING_INVITATIONS
+        if pending.count() >= limit:
+            raise TooManyInvitations(
+                f"{tenant.name} has {limit} invitations waiting (BATCHERY_MAX_PENDING_INVITATIONS); "
+                "revoke some or wait for answers"
+            )
         invitation = Invitation.objects.create(
             tenant=tenant,
             username=username,
@@ -78,10 +98,7 @@ def invitations_pending_for(user: User) -> QuerySet[Invitation]:
     named = Q(username=user.get_username())
     if user.email:
         named |= Q(email__iexact=user.email)
-    pending = Invitation.objects.filter(
-        named, accepted_at=None, declined_at=None, revoked_at=None, expires_at__gt=timezone.now()
-    )
-    return pending.select_related("tenant", "inviter")
+    return Invitation.objects.filter(named, _pending()).select_related("tenant", "inviter")
 
 
 def invitation_by_token(token: str) -> Invitation | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -184,3 +185,18 @@ def test_a_tenant_admin_invites_and_removes_from_the_portals_members_page(person
     assert client.get("/api/v1/jobs/").status_code == 401
     # A plain member sees no members page.
     assert _signed_in("alice").get("/members/").status_code == 403
+
+
+def test_invitations_waiting_are_bounded_per_tenant_and_per_person(person: Callable[..., User], settings: Any) -> None:
+    settings.BATCHERY_MAX_PENDING_INVITATIONS = 3
+    admin = _api(person("ann", "beta", role=Membership.Role.ADMIN), "beta")
+    _invite(admin, "alice")
+    again = admin.post("/api/v1/invitations/", {"email": "x@example.com", "username": "alice"}, format="json")
+    assert again.status_code == 409 and "waiting already" in again.json()["error"]["message"]
+    _invite(admin, "bob")
+    _invite(admin, email="carol@example.com")
+    over = admin.post("/api/v1/invitations/", {"username": "dave"}, format="json")
+    assert over.status_code == 429
+    assert over.json()["error"]["code"] == "too_many_invitations"
+    assert "BATCHERY_MAX_PENDING_INVITATIONS" in over.json()["error"]["message"]
+    assert over["x-should-retry"] == "false"

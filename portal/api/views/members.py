@@ -24,7 +24,7 @@ from portal.api.serializers import (
     MembershipSerializer,
 )
 from portal.tenancy.apikeys import apikey_create, apikey_revoke
-from portal.tenancy.invitations import InvitationRefused, invitation_create, invitation_revoke
+from portal.tenancy.invitations import InvitationRefused, TooManyInvitations, invitation_create, invitation_revoke
 from portal.tenancy.models import ApiKey, Invitation, Membership
 from portal.tenancy.services import MembershipRefused, membership_remove, membership_set_role
 
@@ -132,6 +132,10 @@ class InvitationViewSet(
                 actor_role=access.role,
                 actor=request_user(request),
             )
+        except TooManyInvitations as exc:
+            error = ApiError(str(exc), status_code=status.HTTP_429_TOO_MANY_REQUESTS, code="too_many_invitations")
+            error.retry = False
+            raise error from None
         except InvitationRefused as exc:
             raise conflict(str(exc)) from None
         body = InvitationCreatedSerializer(invitation).data
