@@ -7,12 +7,13 @@ set DATABASE_URL to PostgreSQL.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 
-from tasks.shared.config import storage_url, var_dir
+from tasks.shared.config import progress_redis_url, storage_url, var_dir
 from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -162,6 +163,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    # The 20,000 passwords guessed first are refused, whatever their length.
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -444,4 +448,91 @@ BATCHERY_WEBHOOK_PROGRESS_EVERY_S = env_float(
     30.0,
     minimum=0.001,
     doc="A native job sends `job.progress` at most this often.",
+)
+
+
+# --- Throttles on failed sign-ins and failed API keys (issue 39) ---
+# Portal and admin sign-ins go through django-axes: after BATCHERY_LOGIN_FAILURE_LIMIT failures from one
+# client address, or for one user name, further attempts get 429 with Retry-After until the cool-off has
+# passed. Its counts live in Redis (the "throttle" cache), so every gunicorn worker sees the same ones.
+INSTALLED_APPS.append("axes")
+# Last, as axes asks: it turns a sign-in it refused into the 429 page.
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": progress_redis_url(),
+        "KEY_PREFIX": "batchery:throttle",
+        "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
+    },
+}
+BATCHERY_LOGIN_FAILURE_LIMIT = env_int(
+    "BATCHERY_LOGIN_FAILURE_LIMIT",
+    10,
+    minimum=1,
+    doc="Failed portal or admin sign-ins from one client address, or for one user name, before they get 429.",
+)
+BATCHERY_LOGIN_COOLOFF_S = env_int(
+    "BATCHERY_LOGIN_COOLOFF_S",
+    900,
+    minimum=1,
+    doc="Seconds a throttled sign-in waits (its Retry-After); each failure meanwhile starts it again.",
+)
+BATCHERY_TRUSTED_PROXIES = env_int(
+    "BATCHERY_TRUSTED_PROXIES",
+    0,
+    minimum=0,
+    doc="Proxies in front of the portal whose X-Forwarded-For names the client address the throttles count "
+    "by; 0 counts by the connection's address.",
+)
+AXES_ENABLED = True
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_CACHE = "throttle"
+AXES_FAILURE_LIMIT = BATCHERY_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=BATCHERY_LOGIN_COOLOFF_S)
+# Either one counts: by address (one machine trying many names) and by name (many machines trying one).
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_RESET_ON_SUCCESS = True
+# The counts live in the cache, not in axes's tables: its admin pages would show nothing.
+AXES_ENABLE_ADMIN = False
+AXES_LOCKOUT_CALLABLE = "portal.web.views.auth.signin_throttled"
+AXES_IPWARE_PROXY_COUNT = BATCHERY_TRUSTED_PROXIES or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if BATCHERY_TRUSTED_PROXIES else ("REMOTE_ADDR",)
+)
+
+# API keys (REST and OpenAI-compatible): only failed attempts count, by client address and by the key's
+# prefix; a valid key is never refused by them, so a tenant sharing an address with an attacker goes on.
+BATCHERY_API_KEY_FAILURE_LIMIT = env_int(
+    "BATCHERY_API_KEY_FAILURE_LIMIT",
+    20,
+    minimum=1,
+    doc="Failed API-key attempts from one client address (or on one key prefix) in a window before further "
+    "failures get 429.",
+)
+BATCHERY_API_KEY_FAILURE_WINDOW_S = env_int(
+    "BATCHERY_API_KEY_FAILURE_WINDOW_S",
+    300,
+    minimum=1,
+    doc="The window (seconds) over which failed API-key attempts are counted; a throttled client's Retry-After "
+    "is what is left of it.",
+)
+
+# --- Invitations (issue 39): a tenant admin's invitation waits this long for the invitee's answer. ---
+BATCHERY_INVITATION_EXPIRY_DAYS = env_int(
+    "BATCHERY_INVITATION_EXPIRY_DAYS",
+    14,
+    minimum=1,
+    doc="Days an invitation to a tenant waits for the invited person to accept or decline it.",
+)
+BATCHERY_MAX_PENDING_INVITATIONS = env_int(
+    "BATCHERY_MAX_PENDING_INVITATIONS",
+    100,
+    minimum=1,
+    doc="Invitations one tenant may have waiting for an answer at once.",
 )

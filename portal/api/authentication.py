@@ -1,18 +1,37 @@
-"""`Authorization: Bearer <key>` for programs."""
+"""`Authorization: Bearer <key>` for programs (the REST API and the OpenAI-compatible API).
+
+A key that does not authenticate gets 401, or 429 with Retry-After once its client address (or the key
+prefix it named) has failed too often (portal.tenancy.key_throttle); a valid key is never throttled.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from axes.helpers import get_client_ip_address
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, Throttled
 from rest_framework.request import Request
 
 from portal.tenancy.access import access_for_key
-from portal.tenancy.apikeys import apikey_authenticate
+from portal.tenancy.apikeys import KEY_PREFIX, apikey_authenticate
+from portal.tenancy.key_throttle import key_failure_note
 
 ACCESS_ATTRIBUTE = "tenant_access"
+
+
+def _refuse(request: Request, message: str, plaintext: str = "") -> AuthenticationFailed | Throttled:
+    """The answer to a failed attempt: 401 saying why, or 429 once the client failed too often."""
+    parts = plaintext.split("_", 2)
+    prefix = parts[1] if len(parts) == 3 and parts[0] == KEY_PREFIX else None
+    # The same client address the sign-in throttle counts by (django-axes, BATCHERY_TRUSTED_PROXIES).
+    address = get_client_ip_address(request._request) or "unknown"
+    wait = key_failure_note(address=address, prefix=prefix)
+    if wait is None:
+        return AuthenticationFailed(message)
+    # DRF adds "Expected available in N seconds." and the Retry-After header.
+    return Throttled(wait=wait, detail="too many failed API-key attempts (BATCHERY_API_KEY_FAILURE_LIMIT).")
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -21,13 +40,14 @@ class ApiKeyAuthentication(BaseAuthentication):
         if not parts or parts[0].lower() != b"bearer":
             return None
         if len(parts) != 2:
-            raise AuthenticationFailed("the Authorization header must be 'Bearer <API key>'")
-        key = apikey_authenticate(parts[1].decode(errors="replace"))
+            raise _refuse(request, "the Authorization header must be 'Bearer <API key>'")
+        plaintext = parts[1].decode(errors="replace")
+        key = apikey_authenticate(plaintext)
         if key is None:
-            raise AuthenticationFailed("the API key is unknown, revoked or expired")
+            raise _refuse(request, "the API key is unknown, revoked or expired, or its user is deactivated", plaintext)
         access = access_for_key(key)
         if access is None:
-            raise AuthenticationFailed("the API key's user is no longer a member of its tenant")
+            raise _refuse(request, "the API key's user is no longer a member of its tenant", plaintext)
         setattr(request, ACCESS_ATTRIBUTE, access)
         return key.user, key
 

@@ -21,7 +21,7 @@ from portal.jobs.services.submit import (
     MAX_SHARD_SIZE,
     OUTPUT_FORMATS,
 )
-from portal.tenancy.models import ApiKey, Membership, Tenant
+from portal.tenancy.models import ApiKey, Invitation, Membership, Tenant
 from portal.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tasks.shared.formats.inputs import FORMATS
 from tasks.shared.formats.records import input_field_for
@@ -383,6 +383,32 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 class MembershipRoleSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    """An invitation as its tenant's admins see it; the person joins only when they accept it."""
+
+    inviter = serializers.CharField(source="inviter.username", read_only=True, default=None)
+    status = serializers.CharField(read_only=True, help_text="pending, accepted, declined, revoked or expired.")
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "username", "email", "role", "status", "inviter", "created_at", "expires_at"]
+        read_only_fields = ["id", "status", "inviter", "created_at", "expires_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("username", "").strip() and not attrs.get("email", "").strip():
+            raise serializers.ValidationError({"username": ["name the person to invite: a username or an email"]})
+        return attrs
+
+
+class InvitationCreatedSerializer(InvitationSerializer):
+    accept_url = serializers.CharField(
+        read_only=True, help_text="The link the invited person opens, signed in, to accept; shown this once."
+    )
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "accept_url"]
 
 
 class TenantShareSerializer(serializers.ModelSerializer):

@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from portal.api.views.catalog import CatalogModelViewSet
 from portal.api.views.jobs import JobViewSet
-from portal.api.views.members import ApiKeyViewSet, MembershipViewSet
+from portal.api.views.members import ApiKeyViewSet, InvitationViewSet, MembershipViewSet
 from portal.api.views.tenants import TenantViewSet
 from portal.api.views.usage import UsageViewSet
 from portal.api.views.webhooks import WebhookEndpointViewSet
@@ -18,6 +18,7 @@ router.register("models", CatalogModelViewSet, basename="model")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("api-keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="member")
+router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 

@@ -9,7 +9,7 @@ from django.http import HttpRequest
 
 from portal.audit.admin import admin_actor
 from portal.tenancy.apikeys import apikey_revoke
-from portal.tenancy.models import ApiKey, Membership, Quota, Tenant
+from portal.tenancy.models import ApiKey, Invitation, Membership, Quota, Tenant
 from portal.tenancy.services import tenant_rows_save, tenant_save
 
 
@@ -59,3 +59,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
         keys = list(queryset.select_related("tenant"))
         revoked = sum(apikey_revoke(key=key, actor=admin_actor(request)) for key in keys)
         self.message_user(request, f"{revoked} API key(s) revoked, {len(keys) - revoked} already revoked")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Read-only: invitations are made by tenant admins and answered by the invitee (both audited)."""
+
+    list_display = ["invitee", "tenant", "role", "status", "inviter", "created_at", "expires_at"]
+    list_filter = ["tenant", "role"]
+    list_select_related = ["tenant", "inviter"]
+    search_fields = ["username", "email", "tenant__name"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -61,7 +61,8 @@ def apikey_create(
 
 
 def apikey_authenticate(plaintext: str) -> ApiKey | None:
-    """The live key this plaintext is, or None (unknown, wrong secret, revoked or expired)."""
+    """The live key this plaintext is, or None (unknown, wrong secret, revoked, expired, or its user
+    deactivated: an account that ended takes its keys with it, staff keys included)."""
     parts = plaintext.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         return None
@@ -81,25 +82,37 @@ def apikey_authenticate(plaintext: str) -> ApiKey | None:
     now = timezone.now()
     if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
         return None
+    # A copy cached before the user was deactivated is gone: saving the user bumped the auth epoch.
+    if not key.user.is_active:
+        return None
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         key_cache.note_key_used(digest, now)
     return key
 
 
-def apikey_revoke(*, key: ApiKey, actor: User | None = None) -> bool:
-    """Revoke a key; True if this call did (a key already revoked stays as it was)."""
+def apikey_revoke(*, key: ApiKey, actor: User | None = None, reason: str = "") -> bool:
+    """Revoke a key; True if this call did (a key already revoked stays as it was). `reason`, when
+    given, ends the audit entry's summary (why the key went without its holder asking)."""
     now = timezone.now()
     with transaction.atomic():
         revoked = ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=now) > 0
         if revoked:
+            key.revoked_at = now
             key_cache.bump_epoch()
             audit_record(
                 actor=actor,
                 action="apikey.revoked",
                 target=key,
                 tenant=key.tenant,
-                summary=f"API key {_label(key)} revoked",
+                summary=f"API key {_label(key)} revoked" + (f": {reason}" if reason else ""),
                 changes={"revoked_at": [None, now]},
             )
     return revoked
+
+
+def apikeys_revoke_of_member(*, tenant: Tenant, user: User, actor: User | None = None) -> int:
+    """Revoke every live key `user` holds for `tenant` (they left it); the number revoked."""
+    keys = ApiKey.objects.select_related("tenant").filter(tenant=tenant, user=user, revoked_at=None)
+    reason = f"{user.get_username()} left {tenant.name}"
+    return sum(apikey_revoke(key=key, actor=actor, reason=reason) for key in keys)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 
 class Tenant(models.Model):
@@ -128,3 +131,58 @@ class FairShareUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} on {self.gpu_class_id}: {self.usage:.1f} GPU-s"
+
+
+class Invitation(models.Model):
+    """A tenant admin's offer of a role, which becomes a membership only when the invited person accepts.
+
+    The invitee is named by user name or email (or both); an invitation to a name with no account yet
+    waits, and is matched when an operator creates that account. The token (for an accept link) is
+    shown once to the inviter and stored as its SHA-256, like an API key.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150, blank=True, help_text="The invited user name (or empty).")
+    email = models.EmailField(blank=True, help_text="The invited email address (or empty).")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    token_digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the accept link's token.")
+    inviter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="invitations_sent"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    declined_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(username="", email=""), name="invitation_names_someone")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invitee} to {self.tenant} ({self.role})"
+
+    @property
+    def invitee(self) -> str:
+        return self.username or self.email
+
+    @property
+    def status(self) -> str:
+        """pending, accepted, declined, revoked or expired."""
+        if self.accepted_at is not None:
+            return "accepted"
+        if self.declined_at is not None:
+            return "declined"
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at <= timezone.now():
+            return "expired"
+        return "pending"
+
+    def is_for(self, user: Any) -> bool:
+        """True if `user` is the person invited (by user name, or by the email on their account)."""
+        if self.username and self.username == user.get_username():
+            return True
+        return bool(self.email and user.email and self.email.lower() == user.email.lower())

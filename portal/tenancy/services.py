@@ -15,6 +15,7 @@ from portal.audit.services import (
     field_values,
     stored_field_values,
 )
+from portal.tenancy.apikeys import apikeys_revoke_of_member
 from portal.tenancy.models import Membership, Quota, Tenant
 
 
@@ -37,12 +38,17 @@ ROW_ACTIONS: dict[type | None, str] = {Quota: "quota.changed", Membership: "memb
 
 
 def tenant_rows_save(*, tenant: Tenant, formset: BaseModelFormSet, actor: User | None) -> None:
-    """Save a tenant's quota or memberships edited by hand (the admin's inlines), each row recorded."""
+    """Save a tenant's quota or memberships edited by hand (the admin's inlines), each row recorded.
+    A member removed there loses their keys for the tenant, as through `membership_remove`."""
     action = ROW_ACTIONS.get(formset.model)
     if action is None:
         formset.save()
         return
-    audited_formset_save(formset=formset, actor=actor, action=action, tenant=tenant)
+    with transaction.atomic():
+        audited_formset_save(formset=formset, actor=actor, action=action, tenant=tenant)
+        if formset.model is Membership:
+            for row in formset.deleted_forms:
+                apikeys_revoke_of_member(tenant=tenant, user=row.instance.user, actor=actor)
 
 
 def user_get_or_create(*, username: str) -> User:
@@ -78,7 +84,7 @@ class MembershipRefused(Exception):
     """The change would break a rule about roles; the message says which."""
 
 
-def _check_may_touch(actor_role: str, *roles: str) -> None:
+def check_may_touch(actor_role: str, *roles: str) -> None:
     if Membership.Role.OWNER in roles and actor_role != Membership.Role.OWNER:
         raise MembershipRefused("only an owner may grant, change or remove the owner role")
 
@@ -104,8 +110,11 @@ def _audit_role(membership: Membership, old: str | None, new: str | None, actor:
 def membership_add(
     *, tenant: Tenant, username: str, role: str, actor_role: str, actor: User | None = None
 ) -> Membership:
-    """Add a user (created if new, without a password: they sign in once an operator sets one)."""
-    _check_may_touch(actor_role, role)
+    """Add a user (created if new, without a password: they sign in once an operator sets one).
+
+    For operators only (`manage.py apikey create`): a tenant admin invites, and the person joins by
+    accepting (portal.tenancy.invitations)."""
+    check_may_touch(actor_role, role)
     with transaction.atomic():
         user, _ = User.objects.get_or_create(username=username)
         if Membership.objects.filter(tenant=tenant, user=user).exists():
@@ -116,7 +125,7 @@ def membership_add(
 
 
 def membership_set_role(*, membership: Membership, role: str, actor_role: str, actor: User | None = None) -> Membership:
-    _check_may_touch(actor_role, role, membership.role)
+    check_may_touch(actor_role, role, membership.role)
     with transaction.atomic():
         locked = Membership.objects.select_for_update().get(pk=membership.pk)
         if role != Membership.Role.OWNER:
@@ -130,10 +139,12 @@ def membership_set_role(*, membership: Membership, role: str, actor_role: str, a
 
 
 def membership_remove(*, membership: Membership, actor_role: str, actor: User | None = None) -> None:
-    _check_may_touch(actor_role, membership.role)
+    check_may_touch(actor_role, membership.role)
     with transaction.atomic():
         locked = Membership.objects.select_for_update().get(pk=membership.pk)
         _check_keeps_an_owner(locked)
         # Recorded before the row goes, so the entry still names it.
         _audit_role(locked, locked.role, None, actor, "removed")
         membership.delete()
+        # Their keys end with their membership: adding them back later does not revive them.
+        apikeys_revoke_of_member(tenant=locked.tenant, user=locked.user, actor=actor)

@@ -1,7 +1,8 @@
 """The one place that ties a portal request to a tenant and a role: the `tenant_view` decorator.
 
 A signed-in user acts for one tenant at a time: the one chosen in the tenant switcher (kept in the
-session), else the first of their tenants by name. Every portal view is wrapped by `tenant_view`,
+session), else the tenant they joined first, so that a tenant they join later (by accepting an
+invitation) never becomes their default unless they pick it. Every portal view is wrapped by `tenant_view`,
 which resolves that access with `access_for_user`, refuses a role below the view's (403, as the API
 does), and hands the view a `PortalAccess`; views reach the tenant's objects only through it, so an
 object of another tenant is simply not found (404).
@@ -18,9 +19,10 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import render, resolve_url
+from django.shortcuts import redirect, render, resolve_url
 
 from portal.tenancy.access import NoTenantAccess, TenantAccess, access_for_user
+from portal.tenancy.invitations import invitations_pending_for
 from portal.tenancy.models import Membership, Tenant
 
 SESSION_TENANT = "batchery.tenant"
@@ -66,15 +68,25 @@ def user_tenant_names(user: Any) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def first_tenant_name(user: Any) -> str | None:
+    """The name of the tenant the user joined first (their default), or None if they have none."""
+    first = Membership.objects.filter(user_id=user.pk).order_by("created_at", "pk").values_list("tenant__name")
+    found = first.first()
+    return found[0] if found else None
+
+
 def portal_access(request: HttpRequest) -> PortalAccess:
     """The tenant and role of a signed-in user's request; raises `NoTenantAccess` if they have none."""
     tenants = user_tenant_names(request.user)
     chosen = request.session.get(SESSION_TENANT)
     if chosen not in tenants:
-        # No choice yet, or the chosen tenant is no longer theirs: fall back to the first one.
-        if not tenants:
-            raise NoTenantAccess("you are not a member of any tenant; ask an administrator to add you to one")
-        chosen = tenants[0]
+        # No choice yet, or the chosen tenant is no longer theirs: fall back to the one they joined first.
+        chosen = first_tenant_name(request.user)
+        if chosen is None:
+            raise NoTenantAccess(
+                "you are not a member of any tenant; ask a tenant's administrator to invite you, "
+                "then accept the invitation under Invitations"
+            )
         request.session[SESSION_TENANT] = chosen
     return PortalAccess(access=access_for_user(request.user, chosen), tenants=tenants)
 
@@ -121,6 +133,8 @@ def tenant_view(role: str = Membership.Role.VIEWER) -> Callable[[PortalView], Ca
             try:
                 portal = portal_access(request)
             except NoTenantAccess as exc:
+                if invitations_pending_for(request.user).exists():
+                    return redirect("web:invitations")
                 return refused(request, None, str(exc), status=403)
             if not portal.allows(role):
                 message = f"Your role in {portal.tenant.name} is {portal.role}; this needs {role} or above."

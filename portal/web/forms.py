@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from portal.catalog.models import Model
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import OUTPUT_FORMATS
+from portal.tenancy.models import Membership
 from portal.webhooks.models import EVENT_TYPES
 from tasks.shared.formats.inputs import FORMATS
 
@@ -116,6 +117,20 @@ class ApiKeyForm(forms.Form):
     expires_in_days = forms.IntegerField(
         label="Expires in (days)", required=False, min_value=1, max_value=3650, help_text="Empty: never."
     )
+
+
+class InvitationForm(forms.Form):
+    """Whom a tenant admin invites: a user name or an email address (or both), with a role."""
+
+    username = forms.CharField(label="User name", required=False, max_length=150)
+    email = forms.EmailField(label="or email", required=False)
+    role = forms.ChoiceField(label="Role", choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not cleaned.get("username", "").strip() and not cleaned.get("email", "").strip():
+            raise forms.ValidationError("Name the person to invite: a user name or an email address.")
+        return cleaned
 
 
 class WebhookEndpointForm(forms.Form):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
-from portal.web.views import jobs, keys, pages, webhooks
+from portal.web.views import invitations, jobs, keys, members, pages, webhooks
 
 pages_patterns: list[URLPattern | URLResolver] = [
     path("", jobs.dashboard, name="dashboard"),
@@ -33,6 +33,13 @@ pages_patterns: list[URLPattern | URLResolver] = [
     path("webhooks/", webhooks.webhooks, name="webhooks"),
     path("webhooks/<int:endpoint_id>/delete/", webhooks.webhook_delete, name="webhook-delete"),
     path("tenant/", pages.tenant_switch, name="tenant-switch"),
+    path("members/", members.members, name="members"),
+    path("members/<int:membership_id>/remove/", members.member_remove_view, name="member-remove"),
+    path("members/invitations/<int:invitation_id>/revoke/", members.invitation_revoke_view, name="invitation-revoke"),
+    path("invitations/", invitations.invitations, name="invitations"),
+    path("invitations/<int:invitation_id>/accept/", invitations.invitation_accept_view, name="invitation-accept"),
+    path("invitations/<int:invitation_id>/decline/", invitations.invitation_decline_view, name="invitation-decline"),
+    path("invitations/<str:token>/", invitations.invitation, name="invitation"),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

@@ -14,7 +14,14 @@ from portal.catalog.models import Model
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Tenant
 from tests.factories import MembershipFactory, ModelFactory, TenantFactory, UserFactory
+from tests.support.throttles import throttle_counts_clear
 from tests.support.tiny_models import build_tiny_causal_lm
+
+
+@pytest.fixture(autouse=True)
+def no_throttle_counts() -> None:
+    """Failed sign-ins and keys of earlier tests (and runs) do not throttle this one."""
+    throttle_counts_clear()
 
 
 @dataclass

@@ -10,8 +10,10 @@ import pytest
 from portal.audit.models import AuditEntry
 from portal.jobs.models import Job
 from portal.openai_api.models import Batch
+from portal.tenancy.invitations import invitation_accept
 from portal.tenancy.models import ApiKey, Membership
 from tests.api.conftest import Caller
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -40,18 +42,21 @@ def test_member_changes_through_the_api_are_audited_with_the_old_and_new_role(
     caller: Callable[..., Caller],
 ) -> None:
     owner = caller("acme", Membership.Role.OWNER, username="olivia")
-    added = owner.client.post("/api/v1/members/", {"username": "bob", "role": "viewer"}, format="json").json()
-    owner.client.patch(f"/api/v1/members/{added['id']}/", {"role": "admin"}, format="json")
-    assert owner.client.delete(f"/api/v1/members/{added['id']}/").status_code == 204
+    bob = UserFactory(username="bob")
+    invited = owner.client.post("/api/v1/invitations/", {"username": "bob", "role": "viewer"}, format="json").json()
+    added = invitation_accept(invitation_id=invited["id"], user=bob)
+    owner.client.patch(f"/api/v1/members/{added.pk}/", {"role": "admin"}, format="json")
+    assert owner.client.delete(f"/api/v1/members/{added.pk}/").status_code == 204
 
     entries = AuditEntry.objects.filter(action="membership.changed").order_by("at", "id")
     assert [entry.changes["role"] for entry in entries] == [[None, "viewer"], ["viewer", "admin"], ["admin", None]]
     assert [entry.summary for entry in entries] == [
-        "bob added as viewer in acme",
+        "bob joined acme as viewer by invitation",
         "bob changed from viewer to admin in acme",
         "bob removed in acme",
     ]
-    assert {(entry.actor, entry.tenant) for entry in entries} == {(owner.user, owner.tenant)}
+    assert [entry.actor for entry in entries] == [bob, owner.user, owner.user]
+    assert {entry.tenant for entry in entries} == {owner.tenant}
 
 
 def test_jobs_and_batches_cancelled_through_the_api_are_audited_under_the_caller(

@@ -13,8 +13,10 @@ from rest_framework.test import APIClient
 
 from portal.jobs.models import Job
 from portal.tenancy.apikeys import apikey_create, apikey_revoke
+from portal.tenancy.invitations import invitation_accept
 from portal.tenancy.models import ApiKey, Membership
 from tests.api.conftest import Caller
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -81,7 +83,7 @@ def test_only_admins_manage_keys_and_members(caller: Callable[..., Caller]) -> N
     member = caller("acme", Membership.Role.MEMBER)
     admin = caller("acme", Membership.Role.ADMIN)
     assert member.client.get("/api/v1/api-keys/").status_code == 403
-    assert member.client.post("/api/v1/members/", {"username": "bob", "role": "viewer"}).status_code == 403
+    assert member.client.post("/api/v1/invitations/", {"username": "bob", "role": "viewer"}).status_code == 403
 
     created = admin.client.post("/api/v1/api-keys/", {"name": "ci"}, format="json")
     assert created.status_code == 201
@@ -91,10 +93,11 @@ def test_only_admins_manage_keys_and_members(caller: Callable[..., Caller]) -> N
     assert {row["prefix"] for row in listed} >= {body["prefix"]}
     assert all("key" not in row for row in listed)
 
-    added = admin.client.post("/api/v1/members/", {"username": "bob", "role": "viewer"}, format="json")
-    assert added.status_code == 201
+    invited = admin.client.post("/api/v1/invitations/", {"username": "bob", "role": "viewer"}, format="json")
+    assert invited.status_code == 201
+    added = invitation_accept(invitation_id=invited.json()["id"], user=UserFactory(username="bob"))
     # An admin may not hand out the owner role; only an owner may.
-    promoted = admin.client.patch(f"/api/v1/members/{added.json()['id']}/", {"role": "owner"}, format="json")
+    promoted = admin.client.patch(f"/api/v1/members/{added.pk}/", {"role": "owner"}, format="json")
     assert promoted.status_code == 409
     assert "owner" in promoted.json()["error"]["message"]
 

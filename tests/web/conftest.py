@@ -17,9 +17,16 @@ from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.tenancy.models import Membership, Tenant
 from tests.factories import MembershipFactory, TenantFactory
 from tests.support.browser import CHROMIUM, browser_page, chromium, chromium_available
+from tests.support.throttles import throttle_counts_clear
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture(autouse=True)
+def no_throttle_counts() -> None:
+    """Failed sign-ins and keys of earlier tests (and runs) do not throttle this one."""
+    throttle_counts_clear()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ def bound_queued_records(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0005_fair_share'),
+        ('tenancy', '0006_invitations'),
     ]
 
     operations = [
