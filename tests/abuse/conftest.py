@@ -32,6 +32,8 @@ ABUSE_ENV = {
     "BATCHERY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
     # Low enough for an attack to cross it with a small input.
     "BATCHERY_MAX_SHARDS_PER_JOB": "100",
+    # Guessed keys: the attack crosses it; the tests of keys that must answer 401 stay under it.
+    "BATCHERY_API_KEY_FAILURE_LIMIT": "50",
 }
 
 
@@ -48,6 +50,10 @@ class _StackWithDb(AbuseStack):
     def tenant(self, name: str, *, role: str = "owner", **quota: Any) -> TenantAccess:
         with self.db():
             return super().tenant(name, role=role, **quota)
+
+    def member(self, tenant_name: str, username: str, *, role: str = "member") -> TenantAccess:
+        with self.db():
+            return super().member(tenant_name, username, role=role)
 
 
 @pytest.fixture(scope="package")

@@ -116,22 +116,28 @@ class AbuseStack(ChaosStack):
         """A tenant with one user of `role` and an API key; `quota` sets fields of its quota row."""
         if name in self.tenants and not quota:
             return self.tenants[name]
-        from django.contrib.auth import get_user_model
-
-        from portal.tenancy.apikeys import apikey_create
-        from portal.tenancy.models import Membership, Quota, Tenant
+        from portal.tenancy.models import Quota, Tenant
 
         tenant, _ = Tenant.objects.get_or_create(name=name)
         Quota.objects.update_or_create(tenant=tenant, defaults=quota)
-        username = f"{name}-{role}"
-        password = f"pw-{name}-{os.urandom(6).hex()}"
+        self.tenants[name] = self.member(name, f"{name}-{role}", role=role)
+        return self.tenants[name]
+
+    def member(self, tenant_name: str, username: str, *, role: str = "member") -> TenantAccess:
+        """A user of `role` in the tenant, with a password and an API key for that tenant."""
+        from django.contrib.auth import get_user_model
+
+        from portal.tenancy.apikeys import apikey_create
+        from portal.tenancy.models import Membership, Tenant
+
+        tenant = Tenant.objects.get(name=tenant_name)
+        password = f"pw-{username}-{os.urandom(6).hex()}"
         user, _ = get_user_model().objects.get_or_create(username=username)
         user.set_password(password)
         user.save()
         Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})
         _, key = apikey_create(tenant=tenant, user=user, name="abuse")
-        self.tenants[name] = TenantAccess(name=name, username=username, password=password, api_key=key)
-        return self.tenants[name]
+        return TenantAccess(name=tenant_name, username=username, password=password, api_key=key)
 
     def api(self, access: TenantAccess, timeout_s: float = 30) -> httpx.Client:
         return httpx.Client(
