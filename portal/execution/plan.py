@@ -49,10 +49,11 @@ from portal.execution.endings import merge_when_settled
 from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.quota import RecordsOverQuota, records_room
+from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
 from portal.jobs.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
+from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
@@ -189,13 +190,21 @@ class InputPosition:
 
 
 def job_records(
-    job: Job, *, input_field: str, check: JsonlCheck, max_problems: int, position: InputPosition | None = None
+    job: Job,
+    *,
+    input_field: str,
+    check: JsonlCheck,
+    max_problems: int,
+    position: InputPosition | None = None,
+    limits: DecompressionLimits | None = None,
 ) -> Iterator[Record]:
     """The job's valid input records in order, each problem counted into `check`; once the last is
     read, the second pass that names duplicate ids runs where two ids may collide. `position` follows
-    the first pass."""
+    the first pass. A compressed input is bounded by `limits`, by default the tenant's (`input_limits`):
+    `DecompressionLimitExceeded` past them."""
     store = store_for(job.input_uri)
     options = job_input_options(job)
+    limits = limits or input_limits(job.tenant_id)
 
     def open_input() -> BinaryIO:
         stream = store.open_read(job.input_uri)
@@ -208,6 +217,7 @@ def job_records(
         input_field=input_field,
         check=check,
         max_problems=max_problems,
+        limits=limits,
     )
     suspects = colliding_id_hashes(check)
     if suspects:
@@ -219,6 +229,7 @@ def job_records(
             check=check,
             suspects=suspects,
             max_problems=max_problems,
+            limits=limits,
         )
 
 
@@ -382,7 +393,7 @@ def _plan(job_id: str, *, resumed: bool) -> None:
     except StorageError as exc:
         _refuse(job, f"cannot read the input: {exc}")
         return
-    except InputOptionsError as exc:
+    except (InputOptionsError, DecompressionLimitExceeded) as exc:
         _refuse(job, f"input rejected: {exc}")
         return
     if not check.ok:

@@ -29,12 +29,13 @@ from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
-from portal.jobs.quota import quota_check_model, quota_reserve
-from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, input_limits, quota_check_model, quota_reserve
+from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks import send
+from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import input_field_for
@@ -97,12 +98,19 @@ def input_errors() -> Iterator[None]:
         raise SubmissionError(str(exc), field=exc.option) from None
     except StorageError as exc:
         raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+    except DecompressionLimitExceeded as exc:
+        if exc.setting == INPUT_BYTES_QUOTA:
+            raise input_bytes_exceeded(int(exc.limit), str(exc)) from None
+        raise InputTooLarge(str(exc), limit=exc.limit, setting=exc.setting) from None
 
 
-def input_read(input_uri: str, *, input_field: str, options: InputOptions) -> tuple[int, JsonlCheck | None]:
+def input_read(
+    input_uri: str, *, input_field: str, options: InputOptions, limits: DecompressionLimits | None = None
+) -> tuple[int, JsonlCheck | None]:
     """The input's size, and the check of every line where the input is small enough to check at
     submission (BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES); None: the planner checks it. Raises
-    `SubmissionError` when the input cannot be read or the options do not fit its format."""
+    `SubmissionError` when the input cannot be read or the options do not fit its format,
+    `InputTooLarge` (or `QuotaExceeded`) when a compressed input expands past `limits`."""
     with input_errors():
         store = store_for(input_uri)
         size = store.size(input_uri)
@@ -115,6 +123,7 @@ def input_read(input_uri: str, *, input_field: str, options: InputOptions) -> tu
             options=options,
             input_field=input_field,
             max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
+            limits=limits,
         )
     return size, check
 
@@ -125,8 +134,9 @@ def input_rejected(check: JsonlCheck) -> SubmissionError:
     return SubmissionError(f"input rejected: {summary}", field="input", problems=check.problems)
 
 
-def _check_input(input_uri: str, *, input_field: str, options: InputOptions) -> InputCheck:
-    size, check = input_read(input_uri, input_field=input_field, options=options)
+def _check_input(input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant) -> InputCheck:
+    limits = input_limits(tenant.pk)
+    size, check = input_read(input_uri, input_field=input_field, options=options, limits=limits)
     if check is not None and not check.ok:
         raise input_rejected(check)
     return InputCheck(size=size, records=check.records if check is not None else None)
@@ -314,7 +324,9 @@ def job_submit(
     The arguments are `submission_request`'s, and `user`, who submits.
     """
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
-    checked = _check_input(accepted.input_uri, input_field=accepted.input_field, options=accepted.options)
+    checked = _check_input(
+        accepted.input_uri, input_field=accepted.input_field, options=accepted.options, tenant=tenant
+    )
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():
