@@ -59,7 +59,7 @@ from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shared.stops import request_stop
-from tasks.shared.storage import StorageError, join_uri, store_for
+from tasks.shared.storage import StorageError, input_open, join_uri, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -202,12 +202,11 @@ def job_records(
     read, the second pass that names duplicate ids runs where two ids may collide. `position` follows
     the first pass. A compressed input is bounded by `limits`, by default the tenant's (`input_limits`):
     `DecompressionLimitExceeded` past them."""
-    store = store_for(job.input_uri)
     options = job_input_options(job)
     limits = limits or input_limits(job.tenant_id)
 
     def open_input() -> BinaryIO:
-        stream = store.open_read(job.input_uri)
+        stream = input_open(job.input_uri)
         return position.track(stream) if position is not None else stream
 
     yield from iter_records(
@@ -222,7 +221,7 @@ def job_records(
     suspects = colliding_id_hashes(check)
     if suspects:
         find_duplicate_records(
-            lambda: store.open_read(job.input_uri),
+            lambda: input_open(job.input_uri),
             uri=job.input_uri,
             options=options,
             input_field=input_field,

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -39,7 +39,7 @@ from tasks.shared.formats.compression import DecompressionLimitExceeded, Decompr
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import input_field_for
-from tasks.shared.storage import StorageError, store_for
+from tasks.shared.storage import StorageError, input_open, store_for
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # Bounds on what a request may ask for: each keeps a value within what the job's columns and the
@@ -70,11 +70,16 @@ class InputCheck:
 
 
 def normalize_input_uri(value: str) -> str:
-    """Accept a URI or a local path; a path becomes an absolute file:// URI."""
+    """Accept a URI or a local path; a path becomes an absolute file:// URI, and a local file:// URI its
+    real path (`..` and symbolic links resolved): the job keeps the path that was checked, which the
+    planner opens without following links (`tasks.shared.storage.input_open`)."""
     if not value:
         raise SubmissionError("an input is required", field="input")
-    if urlparse(value).scheme in ("", "file") and not value.startswith("file://"):
+    parsed = urlparse(value)
+    if parsed.scheme in ("", "file") and not value.startswith("file://"):
         return Path(value).expanduser().resolve().as_uri()
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path)).resolve().as_uri()
     return value
 
 
@@ -112,13 +117,12 @@ def input_read(
     `SubmissionError` when the input cannot be read or the options do not fit its format,
     `InputTooLarge` (or `QuotaExceeded`) when a compressed input expands past `limits`."""
     with input_errors():
-        store = store_for(input_uri)
-        size = store.size(input_uri)
+        size = store_for(input_uri).size(input_uri)
     if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
         return size, None
     with input_errors():
         check = check_input(
-            lambda: store.open_read(input_uri),
+            lambda: input_open(input_uri),
             uri=input_uri,
             options=options,
             input_field=input_field,
