@@ -16,7 +16,7 @@ from portal.jobs.models import Job
 from portal.jobs.services.uploads import uploads_root
 from portal.tenancy.models import Quota
 from tests.api.conftest import Caller
-from tests.support.bombs import LINE, MiB, gzip_bomb, zstd_bomb
+from tests.support.bombs import LINE, MiB, gzip_bomb, written_bytes, zstd_bomb
 
 pytestmark = pytest.mark.django_db
 
@@ -78,3 +78,26 @@ def test_a_compressed_input_within_the_limits_is_accepted(caller: Callable[..., 
     Quota.objects.filter(tenant=alice.tenant).update(max_input_bytes=1_000_000)
     response = _post(alice.client, "input.jsonl.gz", gzip.compress(LINE * 64), model=minilm.name)
     assert response.status_code == 201, response.json()
+
+
+def test_an_openai_batch_of_a_compressed_bomb_fails_on_its_first_line_and_nothing_is_expanded(
+    caller: Callable[..., Caller], minilm: Any
+) -> None:
+    # /v1/files holds JSONL as OpenAI's does: the batch validation reads the file's bytes as they are,
+    # never decompressing them, so a bomb is a file of bad lines and costs no more than its own size.
+    alice = caller("acme")
+    upload = io.BytesIO(zstd_bomb())
+    upload.name = "requests.jsonl.zst"
+    file_id = alice.client.post("/v1/files", {"file": upload, "purpose": "batch"}, format="multipart").json()["id"]
+    written = written_bytes()
+    response = alice.client.post(
+        "/v1/batches",
+        {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        format="json",
+    )
+    assert written_bytes() - written < MiB
+    assert response.status_code == 200
+    batch = response.json()
+    assert batch["status"] == "failed"
+    assert (batch["errors"]["data"][0]["line"], batch["errors"]["data"][0]["code"]) == (1, "invalid_json")
+    assert not Job.objects.exists()
