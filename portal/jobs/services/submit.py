@@ -57,6 +57,11 @@ upper bound. A wrong one refused here would otherwise fail in the scheduler, for
 """The size of params as compact UTF-8 JSON."""
 MAX_SHARD_SIZE = 1_000_000
 """Records per shard when the submitter chooses: a worker holds a whole shard's input in memory."""
+SUBMIT_CHECK_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+"""A compressed input small enough to check at submission is checked there only while it expands to no
+more than this (about a second of reading); past it, its planner checks it, as an input too large to
+check, so that the request stays short."""
+_LEFT_TO_THE_PLANNER = "the check at submission"
 MAX_DEADLINE_SECONDS = 365 * 24 * 3600
 """A year: a batch job's deadline is hours or days; the bound keeps the deadline a date."""
 
@@ -120,15 +125,21 @@ def input_read(
         size = store_for(input_uri).size(input_uri)
     if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
         return size, None
+    limits = limits or DecompressionLimits.configured()
     with input_errors():
-        check = check_input(
-            lambda: input_open(input_uri),
-            uri=input_uri,
-            options=options,
-            input_field=input_field,
-            max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
-            limits=limits,
-        )
+        try:
+            check = check_input(
+                lambda: input_open(input_uri),
+                uri=input_uri,
+                options=options,
+                input_field=input_field,
+                max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
+                limits=limits.capped(SUBMIT_CHECK_DECOMPRESSED_BYTES, setting=_LEFT_TO_THE_PLANNER),
+            )
+        except DecompressionLimitExceeded as exc:
+            if exc.setting != _LEFT_TO_THE_PLANNER:
+                raise
+            return size, None
     return size, check
 
 

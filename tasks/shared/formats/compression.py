@@ -175,12 +175,7 @@ class _Bounded(io.RawIOBase):
         data = self._plain.read(min(len(view), room))
         view[: len(data)] = data
         self.produced += len(data)
-        if self.produced > limits.max_bytes:
-            raise DecompressionLimitExceeded(
-                f"the input decompresses to more than {limits.max_bytes} bytes, the limit {limits.bytes_setting} sets",
-                limit=limits.max_bytes,
-                setting=limits.bytes_setting,
-            )
+        # The ratio first: a bomb is named as one even where a size limit falls at the same point.
         consumed = max(self._source.count, 1)
         if self.produced >= limits.ratio_after and self.produced > limits.max_ratio * consumed:
             raise DecompressionLimitExceeded(
@@ -189,6 +184,12 @@ class _Bounded(io.RawIOBase):
                 f"{MAX_COMPRESSION_RATIO.name} sets",
                 limit=limits.max_ratio,
                 setting=MAX_COMPRESSION_RATIO.name,
+            )
+        if self.produced > limits.max_bytes:
+            raise DecompressionLimitExceeded(
+                f"the input decompresses to more than {limits.max_bytes} bytes, the limit {limits.bytes_setting} sets",
+                limit=limits.max_bytes,
+                setting=limits.bytes_setting,
             )
         return len(data)
 

@@ -4,6 +4,7 @@ about the limit written to storage."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,11 @@ import pytest
 from portal.execution.plan import job_plan
 from portal.jobs.models import JobStatus
 from portal.jobs.requests import JobRequest
+from portal.jobs.services import submit
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.storage import store_for
-from tests.support.bombs import MiB, written_bytes, zstd_bomb
+from tests.support.bombs import LINE, MiB, written_bytes, zstd_bomb
 
 
 def _planned(acme: Tenant, path: Path, settings: Any, django_capture_on_commit_callbacks: Any) -> Any:
@@ -61,3 +63,23 @@ def test_the_planner_holds_a_compressed_input_to_the_tenants_input_bytes_quota(
     job = _planned(acme, path, settings, django_capture_on_commit_callbacks)
     assert job.status == JobStatus.FAILED
     assert f"more than {4 * MiB} bytes, the limit quota max_input_bytes sets" in job.error
+
+
+def test_a_small_compressed_input_that_expands_far_is_left_to_its_planner(
+    acme: Tenant,
+    minilm: Any,
+    tmp_path: Path,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # Small enough to check at submission by its size, but past what the request reads when expanded.
+    monkeypatch.setattr(submit, "SUBMIT_CHECK_DECOMPRESSED_BYTES", MiB)
+    path = tmp_path / "input.jsonl.gz"
+    path.write_bytes(gzip.compress(LINE * 1000))  # 4 MiB expanded, a few KB compressed
+    job = job_submit(tenant=acme, request=JobRequest(model_name="all-MiniLM-L6-v2", input_uri=str(path)))
+    assert job.total_records is None  # not counted at submission
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+    job.refresh_from_db()
+    assert (job.status, job.total_records) == (JobStatus.RUNNING, 1000)
