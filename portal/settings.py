@@ -267,6 +267,27 @@ BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int(
     minimum=0,
     doc="An input up to this size is checked line by line before the job exists; a larger one by its planner.",
 )
+# A dry run answers within a web request: it reads at most this much of the input and extrapolates
+# to the whole (the report says it did, and from what). 20,000 records tokenize in about a second on
+# one core; 8 MiB holds them for sentences of a few hundred characters.
+BATCHERY_DRY_RUN_MAX_RECORDS = env_int(
+    "BATCHERY_DRY_RUN_MAX_RECORDS",
+    20_000,
+    minimum=1,
+    doc="A dry run reads at most this many valid records of the input, and extrapolates past them.",
+)
+BATCHERY_DRY_RUN_MAX_BYTES = env_int(
+    "BATCHERY_DRY_RUN_MAX_BYTES",
+    8 * 1024 * 1024,
+    minimum=1,
+    doc="A dry run reads at most this many bytes of the input as stored (compressed, if it is) per pass.",
+)
+BATCHERY_DRY_RUN_MAX_SECONDS = env_float(
+    "BATCHERY_DRY_RUN_MAX_SECONDS",
+    3.0,
+    minimum=0.1,
+    doc="A dry run stops reading its input after this many seconds, and extrapolates from what it read.",
+)
 BATCHERY_MAX_REPORTED_PROBLEMS = env_int(
     "BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1, doc="Bad lines named in one refusal."
 )

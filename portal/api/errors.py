@@ -25,7 +25,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.api.error_types import API_PREFIXES, ERROR_TYPES
 from portal.jobs.quota import QuotaExceeded
-from portal.jobs.requests import SubmissionError
+from portal.jobs.requests import InputTooLarge, SubmissionError
 
 
 class ApiError(exceptions.APIException):
@@ -61,6 +61,11 @@ def submission_refused(exc: SubmissionError, *, field: str | None = None) -> Api
         return error
     param = field or exc.field
     details: dict[str, Any] = {"fields": {param: [exc.message]}}
+    if isinstance(exc, InputTooLarge):
+        # 400, not 413: the request may be small (a file:// or s3:// input); what is refused is what
+        # its input expands to, whichever way it came, and retrying cannot change that.
+        details["limit"] = {"name": exc.setting, "value": exc.limit}
+        return ApiError(exc.message, status_code=400, code="input_too_large", param=param, **details)
     if exc.problems:
         details["lines"] = [{"line": problem.line, "message": problem.message} for problem in exc.problems]
     return ApiError(exc.message, status_code=400, code="invalid_input", param=param, **details)

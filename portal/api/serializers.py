@@ -268,6 +268,17 @@ class QuotaLineSerializer(serializers.Serializer):
     refused = serializers.CharField(allow_null=True, help_text="Why a submission would be refused; null: it fits.")
 
 
+class DryRunSampleSerializer(serializers.Serializer):
+    records = serializers.IntegerField(help_text="Valid records read.")
+    input_bytes_read = serializers.IntegerField(help_text="Bytes of the input as stored (compressed, if it is) read.")
+    stopped_by = serializers.CharField(help_text="The setting whose limit ended the reading.")
+    basis = serializers.CharField(
+        help_text='How the estimates scale: "records" (the input\'s records were counted), "bytes" (its size over '
+        'the bytes read), "none".'
+    )
+    scale = serializers.FloatField(help_text="The whole input over the part read: the factor of the estimates.")
+
+
 class DryRunReportSerializer(serializers.Serializer):
     """What a submission would do, from `job_dry_run`; nothing was created."""
 
@@ -275,11 +286,20 @@ class DryRunReportSerializer(serializers.Serializer):
     model = serializers.CharField(help_text="name@version.")
     input_bytes = serializers.IntegerField()
     unit = serializers.CharField(help_text='What records are numbered by: "line", or "row" for Parquet.')
-    records = serializers.IntegerField(help_text="Valid records.")
+    sampled = serializers.BooleanField(
+        help_text="True: only a prefix of the input was read (see sample); records, problems and tokens are the "
+        "prefix's, and the estimates, the shard count and the ETA are extrapolated to the whole input."
+    )
+    sample = DryRunSampleSerializer(allow_null=True, help_text="How much was read and how it was extrapolated.")
+    records = serializers.IntegerField(help_text="Valid records read.")
+    estimated_records = serializers.IntegerField(help_text="Valid records of the whole input; estimated if sampled.")
     problem_count = serializers.IntegerField()
     problems = LineProblemSerializer(many=True, help_text="The first bad lines, as a submission names them.")
     rejected = serializers.CharField(allow_null=True, help_text="The refusal a submission would give the input.")
     input_tokens = serializers.IntegerField(allow_null=True, help_text="By the model's tokenizer; null: none.")
+    estimated_input_tokens = serializers.IntegerField(
+        allow_null=True, help_text="Tokens of the whole input; estimated if sampled."
+    )
     over_length = OverLengthSerializer(allow_null=True)
     shards = ShardPlanSerializer()
     estimated_seconds = serializers.FloatField(help_text="Compute seconds of all shards on one replica.")

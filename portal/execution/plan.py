@@ -49,16 +49,17 @@ from portal.execution.endings import merge_when_settled
 from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.quota import RecordsOverQuota, records_room
+from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
 from portal.jobs.storage_layout import job_root, shard_input_uri, shard_prefix
 from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
+from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
 from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shared.stops import request_stop
-from tasks.shared.storage import StorageError, join_uri, store_for
+from tasks.shared.storage import StorageError, input_open, join_uri, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -189,16 +190,23 @@ class InputPosition:
 
 
 def job_records(
-    job: Job, *, input_field: str, check: JsonlCheck, max_problems: int, position: InputPosition | None = None
+    job: Job,
+    *,
+    input_field: str,
+    check: JsonlCheck,
+    max_problems: int,
+    position: InputPosition | None = None,
+    limits: DecompressionLimits | None = None,
 ) -> Iterator[Record]:
     """The job's valid input records in order, each problem counted into `check`; once the last is
     read, the second pass that names duplicate ids runs where two ids may collide. `position` follows
-    the first pass."""
-    store = store_for(job.input_uri)
+    the first pass. A compressed input is bounded by `limits`, by default the tenant's (`input_limits`):
+    `DecompressionLimitExceeded` past them."""
     options = job_input_options(job)
+    limits = limits or input_limits(job.tenant_id)
 
     def open_input() -> BinaryIO:
-        stream = store.open_read(job.input_uri)
+        stream = input_open(job.input_uri)
         return position.track(stream) if position is not None else stream
 
     yield from iter_records(
@@ -208,17 +216,19 @@ def job_records(
         input_field=input_field,
         check=check,
         max_problems=max_problems,
+        limits=limits,
     )
     suspects = colliding_id_hashes(check)
     if suspects:
         find_duplicate_records(
-            lambda: store.open_read(job.input_uri),
+            lambda: input_open(job.input_uri),
             uri=job.input_uri,
             options=options,
             input_field=input_field,
             check=check,
             suspects=suspects,
             max_problems=max_problems,
+            limits=limits,
         )
 
 
@@ -392,7 +402,7 @@ def _plan(job_id: str, *, resumed: bool) -> None:
     except StorageError as exc:
         _refuse(job, f"cannot read the input: {exc}")
         return
-    except InputOptionsError as exc:
+    except (InputOptionsError, DecompressionLimitExceeded) as exc:
         _refuse(job, f"input rejected: {exc}")
         return
     if not check.ok:

@@ -16,6 +16,10 @@ from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.requests import SubmissionError
 from portal.jobs.usage import month_of
 from portal.tenancy.models import Quota, Tenant
+from tasks.shared.formats.compression import DecompressionLimits
+
+INPUT_BYTES_QUOTA = "quota max_input_bytes"
+"""How a decompression refusal names the quota on input bytes."""
 
 
 def exceeded_message(quota: str, limit: object, current: object, requested: object) -> str:
@@ -207,3 +211,17 @@ def records_room(job: Job) -> RecordsRoom | None:
     if limit is None:
         return None
     return RecordsRoom(limit=limit, used=quota_usage(tenant_ids=[job.tenant_id])[job.tenant_id].queued_records)
+
+
+def input_limits(tenant_id: int) -> DecompressionLimits:
+    """How far the tenant's compressed inputs may expand: the operator's limits, the most bytes lowered
+    to the tenant's `max_input_bytes` where that is lower, so that the quota counts decompressed bytes."""
+    quota_bytes = Quota.objects.filter(tenant_id=tenant_id).values_list("max_input_bytes", flat=True).first()
+    return DecompressionLimits.configured().capped(quota_bytes, setting=INPUT_BYTES_QUOTA)
+
+
+def input_bytes_exceeded(limit: int, message: str) -> QuotaExceeded:
+    """The refusal of an input that decompresses past the tenant's `max_input_bytes`."""
+    return QuotaExceeded(
+        quota="max_input_bytes", limit=limit, current=0, requested=f"more than {limit}", message=message
+    )

@@ -45,3 +45,12 @@ class SubmissionError(Exception):
         self.message = message
         self.field = field
         self.problems = list(problems)
+
+
+class InputTooLarge(SubmissionError):
+    """A compressed input expands past an operator's limit: `limit` is its value, `setting` its name."""
+
+    def __init__(self, message: str, *, limit: float, setting: str) -> None:
+        super().__init__(message, field="input")
+        self.limit = limit
+        self.setting = setting

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, int_var, list_var, str_var
+from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, float_var, int_var, list_var, str_var
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROL_QUEUE = "control"
@@ -304,4 +304,20 @@ MAX_OUTPUT_TOKENS = int_var(
     32768,
     minimum=1,
     doc="The most tokens (`max_tokens`, `max_completion_tokens`) one request may ask to generate.",
+)
+# Compressed inputs (gzip, zstd) are read through `tasks.shared.formats.compression.decompressed`,
+# which stops at these: a few hundred KB may otherwise expand into gigabytes in a request or on the
+# shared storage the planner writes shard inputs to.
+MAX_DECOMPRESSED_BYTES = int_var(
+    "BATCHERY_MAX_DECOMPRESSED_BYTES",
+    10 * 1024 * 1024 * 1024,
+    minimum=1,
+    default_text="10 GiB",
+    doc="The most bytes a compressed job input may decompress to (a tenant's quota max_input_bytes may lower it).",
+)
+MAX_COMPRESSION_RATIO = float_var(
+    "BATCHERY_MAX_COMPRESSION_RATIO",
+    100.0,
+    minimum=1.0,
+    doc="The most a compressed job input may expand (decompressed bytes per compressed byte), past its first 64 MiB.",
 )

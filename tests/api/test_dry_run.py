@@ -24,11 +24,15 @@ REPORT_FIELDS = {
     "model",
     "input_bytes",
     "unit",
+    "sampled",
+    "sample",
     "records",
+    "estimated_records",
     "problem_count",
     "problems",
     "rejected",
     "input_tokens",
+    "estimated_input_tokens",
     "over_length",
     "shards",
     "estimated_seconds",
@@ -133,3 +137,19 @@ def test_the_schema_documents_the_dry_run_report() -> None:
     report = schema["components"]["schemas"]["DryRunReport"]
     assert set(report["properties"]) == REPORT_FIELDS
     assert "dry_run" in schema["components"]["schemas"]["JobCreateRequest"]["properties"]
+
+
+def test_a_dry_run_of_a_large_upload_reads_a_prefix_and_says_it_extrapolated(
+    caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path], settings: Any
+) -> None:
+    settings.BATCHERY_DRY_RUN_MAX_RECORDS = 100
+    alice = caller("acme")
+    path = write_jsonl([{"custom_id": f"r{n}", "input": "hello hello hello"} for n in range(5000)])
+    response = _upload(alice.client, path, model=minilm.name, dry_run="true")
+    assert response.status_code == 200, response.json()
+    report = response.json()
+    assert report["sampled"] is True and report["records"] == 100
+    assert report["sample"]["stopped_by"] == "BATCHERY_DRY_RUN_MAX_RECORDS"
+    assert report["sample"]["basis"] == "records" and report["estimated_records"] == 5000
+    assert report["estimated_input_tokens"] == 5000 * 5
+    assert not Job.objects.exists() and _uploads(alice.tenant) == []

@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
-from portal.jobs.models import Job
+from portal.execution.plan import job_plan
+from portal.jobs.models import Job, JobStatus
+from portal.jobs.requests import SubmissionError
 from portal.jobs.services.input_access import input_refusal
+from portal.jobs.services.rerun import job_rerun
 from tests.api.conftest import Caller
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +86,91 @@ def test_a_root_covers_its_folder_not_a_sibling_with_the_same_prefix() -> None:
     assert input_refusal("s3://b/acme/x.jsonl", ["s3://b/acme"]) is None
     assert input_refusal("s3://b/acme-evil/x.jsonl", ["s3://b/acme"]) is not None
     assert input_refusal("ftp://host/x", ["s3://b"]) is not None
+
+
+def _swap_for_link(path: Path, target: Path) -> None:
+    path.unlink()
+    path.symlink_to(target)
+
+
+def _storage_holds(marker: bytes, settings: Any) -> bool:
+    root = Path(settings.BATCHERY_STORAGE_URL.removeprefix("file://"))
+    return any(marker in path.read_bytes() for path in root.rglob("*") if path.is_file())
+
+
+@pytest.mark.parametrize("checked_at_submission", [True, False])
+def test_a_file_input_swapped_for_a_link_out_of_the_roots_fails_the_job_and_nothing_of_it_is_read(
+    caller: Callable[..., Caller],
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    tmp_path: Path,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+    checked_at_submission: bool,
+) -> None:
+    if not checked_at_submission:
+        settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = 0
+    alice = caller("acme")
+    root = tmp_path / "acme"
+    root.mkdir()
+    alice.tenant.storage_prefixes = [root.as_uri() + "/"]
+    alice.tenant.save()
+    inside = write_jsonl([{"custom_id": "a", "input": "hello"}], name="acme/in.jsonl")
+    secret = write_jsonl([{"custom_id": "s", "input": "TOP-SECRET-MARKER"}], name="secret.jsonl")
+    response = _submit(alice, minilm, inside.as_uri())
+    assert response.status_code == 201
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.input_uri == inside.resolve().as_uri()  # the real path that was checked
+
+    _swap_for_link(inside, secret)
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert "symbolic link" in job.error and "does not follow it" in job.error
+    assert not _storage_holds(b"TOP-SECRET-MARKER", settings)
+
+
+def test_a_folder_on_the_way_swapped_for_a_link_is_not_followed_either(
+    caller: Callable[..., Caller],
+    minilm: Any,
+    write_jsonl: Callable[..., Path],
+    tmp_path: Path,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    alice = caller("acme")
+    root = tmp_path / "acme"
+    (root / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    alice.tenant.storage_prefixes = [root.as_uri() + "/"]
+    alice.tenant.save()
+    write_jsonl([{"custom_id": "s", "input": "TOP-SECRET-MARKER"}], name="elsewhere/in.jsonl")
+    inside = write_jsonl([{"custom_id": "a", "input": "hello"}], name="acme/data/in.jsonl")
+    job_id = _submit(alice, minilm, inside.as_uri()).json()["id"]
+    inside.unlink()
+    (root / "data").rmdir()
+    (root / "data").symlink_to(tmp_path / "elsewhere")
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=job_id)
+    job = Job.objects.get(pk=job_id)
+    assert job.status == JobStatus.FAILED and "symbolic link" in job.error
+    assert not _storage_holds(b"TOP-SECRET-MARKER", settings)
+
+
+def test_an_operators_rerun_keeps_the_tenants_input_roots(
+    caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path], tmp_path: Path
+) -> None:
+    alice = caller("acme")
+    root = tmp_path / "acme"
+    root.mkdir()
+    alice.tenant.storage_prefixes = [root.as_uri() + "/"]
+    alice.tenant.save()
+    inside = write_jsonl([{"custom_id": "a", "input": "hello"}], name="acme/in.jsonl")
+    secret = write_jsonl([{"custom_id": "s", "input": "TOP-SECRET-MARKER"}], name="secret.jsonl")
+    job = Job.objects.get(pk=_submit(alice, minilm, inside.as_uri()).json()["id"])
+    _swap_for_link(inside, secret)
+    with pytest.raises(SubmissionError, match="outside the locations this tenant may read"):
+        job_rerun(job=job, actor=None)
+    assert Job.objects.count() == 1

@@ -154,6 +154,9 @@ def test_rerun_submits_a_new_queued_job_with_the_same_settings(
     admin_client: Client, operator: User, acme: Tenant, minilm: Model, write_jsonl: Callable[..., Path]
 ) -> None:
     path = write_jsonl([{"custom_id": f"r{n}", "input": f"sentence {n}"} for n in range(3)])
+    # A re-run is held to the tenant's input roots, as the tenant's own submission is.
+    acme.storage_prefixes = [path.parent.as_uri() + "/"]
+    acme.save()
     job = job_submit(
         tenant=acme,
         request=JobRequest(
@@ -181,6 +184,8 @@ def test_rerun_submits_a_new_queued_job_with_the_same_settings(
 
 
 def test_rerun_reports_a_job_whose_input_is_gone(admin_client: Client, acme: Tenant, minilm: Model) -> None:
+    acme.storage_prefixes = ["file:///nowhere/"]
+    acme.save()
     job = _job(acme, minilm, JobStatus.FAILED, uri="file:///nowhere/gone.jsonl")
     (message,) = _act(admin_client, "rerun_jobs", job)
     assert message.startswith(f"job {job.pk} not re-run: cannot read the input")

@@ -6,17 +6,28 @@ tokens with the model's own tokenizer (`portal.catalog.tokenizers`), estimates i
 would end behind the work already on its GPU queue, and holds it against the tenant's quota.
 
 It stores nothing: no job row, no shard file, no broker message; the quota row is read, neither
-locked nor created. It reads the whole input however large (the planner would too), so a dry run of
-a large input takes about as long as planning it.
+locked nor created.
+
+It runs inside a web request, so it reads at most a prefix of the input: no more than
+BATCHERY_DRY_RUN_MAX_RECORDS valid records, BATCHERY_DRY_RUN_MAX_BYTES of the input as stored and
+BATCHERY_DRY_RUN_MAX_SECONDS, whichever ends first (the reads themselves are counted and timed, so an
+input of over-long lines or a slow decompression stops too). An input read whole gives exact figures,
+as before. One cut short is `sampled`: the report says how much was read and on what basis its
+figures for the whole input (`estimated_records`, `estimated_input_tokens`, the shard count, the
+seconds, the ETA) were extrapolated, while its lines, problems and tokens cover the prefix read.
 """
 
 from __future__ import annotations
 
+import io
+import math
 import statistics
+import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass, replace
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from django.conf import settings
 from django.db.models import F, FloatField, Sum
@@ -28,13 +39,18 @@ from portal.execution.dispatch import job_queue
 from portal.execution.plan import InputPosition, job_records
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
-from portal.jobs.quota import QuotaLine, quota_lines, quota_usage
+from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs
-from portal.jobs.services.submit import InputCheck, input_errors, input_read, input_rejected, submission_request
+from portal.jobs.services.submit import InputCheck, input_errors, input_rejected, submission_request
 from portal.tenancy.models import Quota, Tenant
+from tasks.shared.formats.compression import DecompressionLimits
 from tasks.shared.formats.jsonl import JsonlCheck
-from tasks.shared.formats.records import LineProblem
+from tasks.shared.formats.records import LineProblem, Record
+from tasks.shared.storage import store_for
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 MAX_LISTED_SHARDS = 100
 """Up to this many shards the report lists each; past it, only their count and spread."""
@@ -92,6 +108,24 @@ class OverLength:
 
 
 @dataclass(frozen=True)
+class DryRunSample:
+    """How much of the input a sampled dry run read, and how it extrapolated to the whole input."""
+
+    records: int
+    """Valid records read."""
+    input_bytes_read: int
+    """Bytes of the input as stored (compressed, if it is) read, read-ahead included."""
+    stopped_by: str
+    """The setting whose limit ended the reading: BATCHERY_DRY_RUN_MAX_RECORDS, _BYTES or _SECONDS."""
+    basis: str
+    """"records": the whole input's records were counted first (as a submission counts a small input),
+    and the estimates scale by them; "bytes": by the input's size over the bytes read; "none": neither
+    was known, and the estimates are the prefix's own."""
+    scale: float
+    """The whole input over the prefix read, by `basis`: what the prefix's figures are multiplied by."""
+
+
+@dataclass(frozen=True)
 class DryRunReport:
     """What submitting the request would do. Seconds are estimates from the model's throughput."""
 
@@ -100,18 +134,27 @@ class DryRunReport:
     input_bytes: int
     unit: str
     """What records are numbered by: "line", or "row" for Parquet."""
+    sampled: bool
+    """True: only a prefix of the input was read (`sample`); records, problems and tokens are the
+    prefix's, and the figures named estimated, the shard count and the ETA extrapolated to the whole."""
+    sample: DryRunSample | None
     records: int
-    """Valid records."""
+    """Valid records read: all of them unless `sampled`."""
+    estimated_records: int
+    """Valid records of the whole input: `records` unless `sampled`, else extrapolated (`sample`)."""
     problem_count: int
     problems: tuple[LineProblem, ...]
     """The first BATCHERY_MAX_REPORTED_PROBLEMS bad lines, with the messages a submission gives."""
     rejected: str | None
     """The refusal `job_submit` would raise for the input's lines; None: the lines are fine."""
     input_tokens: int | None
-    """Tokens of the valid records' inputs, by the model's tokenizer; None: the engine has none."""
+    """Tokens of the valid records' inputs read, by the model's tokenizer; None: the engine has none."""
+    estimated_input_tokens: int | None
+    """Tokens of the whole input: `input_tokens` unless `sampled`, else extrapolated."""
     over_length: OverLength | None
     """None where tokens are not counted or the model's maximum is not known."""
     shards: ShardPlan
+    """Sampled: `count` is extrapolated, the spread is that of the prefix's shards, none is listed."""
     estimated_seconds: float
     """Compute seconds of every shard on one replica."""
     estimated_gpu_seconds: float
@@ -152,16 +195,33 @@ def job_dry_run(
     would go through. Shards, tokens and estimates then cover the valid records.
     """
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
-    size, submitted = input_read(accepted.input_uri, input_field=accepted.input_field, options=accepted.options)
+    with input_errors():
+        size = store_for(accepted.input_uri).size(accepted.input_uri)
+    # Loaded before the budget's clock starts: its time does not depend on the input.
+    counter = token_counter(accepted.model)
+    budget = _SampleBudget()
+    limits = input_limits(tenant.pk)
+    counted: int | None = None
+    if size <= settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
+        # Counted first, as job_submit counts it, so that the cut is the one the planner makes.
+        uncounted = accepted.job(InputCheck(size=size, records=None), job_id=str(uuid.uuid4()))
+        counted = _count(uncounted, input_field=accepted.input_field, budget=budget, limits=limits)
     # The job as job_submit would create it (its records known only where the input is checked at
     # submission), so that the cut is the one the planner makes.
-    checked = InputCheck(size=size, records=submitted.records if submitted is not None else None)
+    checked = InputCheck(size=size, records=counted)
     draft = accepted.job(checked, job_id=str(uuid.uuid4()))  # never saved
     cut = ShardCut.for_job(draft)
-    counter = token_counter(accepted.model)
-    check, cuts, tokens = _read(draft, cut=cut, input_field=accepted.input_field, counter=counter)
+    check, cuts, tokens, read = _read(
+        draft, cut=cut, input_field=accepted.input_field, counter=counter, budget=budget, limits=limits
+    )
+    sample = _sample(budget, check, read=read, size=size, counted=counted)
+    scale = sample.scale if sample is not None else 1.0
+    shards = ShardPlan.of(cuts)
+    if sample is not None:
+        shards = replace(shards, count=math.ceil(len(cuts) * scale), listed=())
+    input_tokens = tokens.total if tokens is not None else None
 
-    seconds = sum(shard.estimated_seconds for shard in cuts)
+    seconds = sum(shard.estimated_seconds for shard in cuts) * scale
     gpu_seconds = seconds * accepted.model.gpus_per_replica
     queue = job_queue(draft)
     slots = queue_slots(queue)
@@ -173,13 +233,17 @@ def job_dry_run(
         model=str(accepted.model),
         input_bytes=size,
         unit=check.unit,
+        sampled=sample is not None,
+        sample=sample,
         records=check.records,
+        estimated_records=counted if counted is not None else round(check.records * scale),
         problem_count=check.problem_count,
         problems=tuple(check.problems),
         rejected=None if check.ok else input_rejected(check).message,
-        input_tokens=tokens.total if tokens is not None else None,
+        input_tokens=input_tokens,
+        estimated_input_tokens=round(input_tokens * scale) if input_tokens is not None else None,
         over_length=tokens.over_length() if tokens is not None else None,
-        shards=ShardPlan.of(cuts),
+        shards=shards,
         estimated_seconds=seconds,
         estimated_gpu_seconds=gpu_seconds,
         observed=cut.cost.observed,
@@ -231,23 +295,162 @@ def eta_seconds(
     return max(longest_shard, min(alone, everyone))
 
 
-def _read(
-    job: Job, *, cut: ShardCut, input_field: str, counter: TokenCounter | None
-) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None]:
-    """One pass over the input as the planner makes it: the check, the shard cuts, the token counts."""
+class _SampleEnds(Exception):
+    """The dry run's budget is spent: the prefix read so far is its sample."""
+
+
+class _SampleBudget:
+    """What a dry run may read: records, bytes of the input as stored and seconds (the operator's
+    BATCHERY_DRY_RUN_MAX_*), shared by its passes; `stopped_by` names the limit that ended one."""
+
+    def __init__(self) -> None:
+        self.max_records: int = settings.BATCHERY_DRY_RUN_MAX_RECORDS
+        self.max_bytes: int = settings.BATCHERY_DRY_RUN_MAX_BYTES
+        self._deadline = time.monotonic() + settings.BATCHERY_DRY_RUN_MAX_SECONDS
+        self.stopped_by: str | None = None
+
+    def spend(self, *, records: int = 0, read: int = 0) -> None:
+        """Raise `_SampleEnds` once `records` read or `read` bytes, or the time, pass their limit."""
+        if records > self.max_records:
+            self._stop("BATCHERY_DRY_RUN_MAX_RECORDS")
+        if read > self.max_bytes:
+            self._stop("BATCHERY_DRY_RUN_MAX_BYTES")
+        if time.monotonic() > self._deadline:
+            self._stop("BATCHERY_DRY_RUN_MAX_SECONDS")
+
+    def _stop(self, setting: str) -> None:
+        self.stopped_by = setting
+        raise _SampleEnds(setting)
+
+
+class _Metered(io.RawIOBase):
+    """The input as the dry run reads it: every read counted and held to the budget."""
+
+    def __init__(self, raw: BinaryIO, budget: _SampleBudget) -> None:
+        super().__init__()
+        self._raw = raw
+        self._budget = budget
+        self.read_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._raw.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        self._budget.spend(read=self.read_bytes)
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(min(len(view), self._budget.max_bytes + 1 - self.read_bytes))
+        view[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _MeteredPosition(InputPosition):
+    """Follows a pass like `InputPosition`, through a `_Metered` stream; `read_bytes` sums every stream it opened."""
+
+    def __init__(self, budget: _SampleBudget) -> None:
+        super().__init__()
+        self._budget = budget
+        self._streams: list[_Metered] = []
+
+    def track(self, stream: BinaryIO) -> BinaryIO:
+        metered = _Metered(stream, self._budget)
+        self._streams.append(metered)
+        return super().track(cast(BinaryIO, io.BufferedReader(metered)))
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(stream.read_bytes for stream in self._streams)
+
+
+def _records(
+    job: Job, *, input_field: str, check: JsonlCheck, budget: _SampleBudget, limits: DecompressionLimits
+) -> tuple[Iterator[Record], _MeteredPosition]:
+    position = _MeteredPosition(budget)
+    records = job_records(
+        job,
+        input_field=input_field,
+        check=check,
+        max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
+        position=position,
+        limits=limits,
+    )
+    return records, position
+
+
+def _count(job: Job, *, input_field: str, budget: _SampleBudget, limits: DecompressionLimits) -> int | None:
+    """The input's valid records, as job_submit counts a small input; None: the budget's bytes or time
+    ran out first. Not held to the records' limit: counting is cheap, tokenizing is not."""
     check = JsonlCheck()
-    position = InputPosition()
+    records, _ = _records(job, input_field=input_field, check=check, budget=budget, limits=limits)
+    with input_errors(), closing(cast(IO[Any], records)):
+        try:
+            for _ in records:
+                budget.spend()
+        except _SampleEnds:
+            return None
+    return check.records
+
+
+def _read(
+    job: Job,
+    *,
+    cut: ShardCut,
+    input_field: str,
+    counter: TokenCounter | None,
+    budget: _SampleBudget,
+    limits: DecompressionLimits,
+) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None, int]:
+    """One pass over the input as the planner makes it, as far as the budget goes: the check, the
+    shard cuts, the token counts, and the input's bytes read."""
+    check = JsonlCheck()
+    budget.stopped_by = None  # a count cut short before: this pass alone says whether the input was read whole
+    records, position = _records(job, input_field=input_field, check=check, budget=budget, limits=limits)
     cutter = ShardCutter(cut, input_field=input_field, bytes_read=position)
     tokens = _TokenTally(counter) if counter is not None else None
-    limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
-    with input_errors():
-        for record in job_records(job, input_field=input_field, check=check, max_problems=limit, position=position):
-            cutter.add(record)
-            if tokens is not None:
-                tokens.add(record.line, record.data.get(input_field))
+    with input_errors(), closing(cast(IO[Any], records)):
+        try:
+            for record in records:
+                # The record past the limit is not counted in: the sample holds max_records.
+                budget.spend(records=check.records)
+                cutter.add(record)
+                if tokens is not None:
+                    tokens.add(record.line, record.data.get(input_field))
+        except _SampleEnds:
+            if check.records > budget.max_records:
+                check.records = budget.max_records
     if tokens is not None:
         tokens.flush()
-    return check, cutter.close(), tokens
+    return check, cutter.close(), tokens, position.read_bytes
+
+
+def _sample(
+    budget: _SampleBudget, check: JsonlCheck, *, read: int, size: int, counted: int | None
+) -> DryRunSample | None:
+    """How the prefix read stands for the whole input; None: the whole input was read."""
+    if budget.stopped_by is None:
+        return None
+    if counted is not None and check.records:
+        basis, scale = "records", counted / check.records
+    elif read:
+        basis, scale = "bytes", max(size / read, 1.0)
+    else:
+        basis, scale = "none", 1.0
+    return DryRunSample(
+        records=check.records, input_bytes_read=read, stopped_by=budget.stopped_by, basis=basis, scale=scale
+    )
 
 
 class _TokenTally:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -29,16 +29,17 @@ from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import Job, JobEvent, JobStatus
-from portal.jobs.quota import quota_check_model, quota_reserve
-from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, input_limits, quota_check_model, quota_reserve
+from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks import send
+from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import input_field_for
-from tasks.shared.storage import StorageError, store_for
+from tasks.shared.storage import StorageError, input_open, store_for
 
 OUTPUT_FORMATS = ("jsonl", "parquet")
 # Bounds on what a request may ask for: each keeps a value within what the job's columns and the
@@ -56,6 +57,11 @@ upper bound. A wrong one refused here would otherwise fail in the scheduler, for
 """The size of params as compact UTF-8 JSON."""
 MAX_SHARD_SIZE = 1_000_000
 """Records per shard when the submitter chooses: a worker holds a whole shard's input in memory."""
+SUBMIT_CHECK_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+"""A compressed input small enough to check at submission is checked there only while it expands to no
+more than this (about a second of reading); past it, its planner checks it, as an input too large to
+check, so that the request stays short."""
+_LEFT_TO_THE_PLANNER = "the check at submission"
 MAX_DEADLINE_SECONDS = 365 * 24 * 3600
 """A year: a batch job's deadline is hours or days; the bound keeps the deadline a date."""
 
@@ -69,11 +75,16 @@ class InputCheck:
 
 
 def normalize_input_uri(value: str) -> str:
-    """Accept a URI or a local path; a path becomes an absolute file:// URI."""
+    """Accept a URI or a local path; a path becomes an absolute file:// URI, and a local file:// URI its
+    real path (`..` and symbolic links resolved): the job keeps the path that was checked, which the
+    planner opens without following links (`tasks.shared.storage.input_open`)."""
     if not value:
         raise SubmissionError("an input is required", field="input")
-    if urlparse(value).scheme in ("", "file") and not value.startswith("file://"):
+    parsed = urlparse(value)
+    if parsed.scheme in ("", "file") and not value.startswith("file://"):
         return Path(value).expanduser().resolve().as_uri()
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path)).resolve().as_uri()
     return value
 
 
@@ -97,25 +108,38 @@ def input_errors() -> Iterator[None]:
         raise SubmissionError(str(exc), field=exc.option) from None
     except StorageError as exc:
         raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+    except DecompressionLimitExceeded as exc:
+        if exc.setting == INPUT_BYTES_QUOTA:
+            raise input_bytes_exceeded(int(exc.limit), str(exc)) from None
+        raise InputTooLarge(str(exc), limit=exc.limit, setting=exc.setting) from None
 
 
-def input_read(input_uri: str, *, input_field: str, options: InputOptions) -> tuple[int, JsonlCheck | None]:
+def input_read(
+    input_uri: str, *, input_field: str, options: InputOptions, limits: DecompressionLimits | None = None
+) -> tuple[int, JsonlCheck | None]:
     """The input's size, and the check of every line where the input is small enough to check at
     submission (BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES); None: the planner checks it. Raises
-    `SubmissionError` when the input cannot be read or the options do not fit its format."""
+    `SubmissionError` when the input cannot be read or the options do not fit its format,
+    `InputTooLarge` (or `QuotaExceeded`) when a compressed input expands past `limits`."""
     with input_errors():
-        store = store_for(input_uri)
-        size = store.size(input_uri)
+        size = store_for(input_uri).size(input_uri)
     if size > settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
         return size, None
+    limits = limits or DecompressionLimits.configured()
     with input_errors():
-        check = check_input(
-            lambda: store.open_read(input_uri),
-            uri=input_uri,
-            options=options,
-            input_field=input_field,
-            max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
-        )
+        try:
+            check = check_input(
+                lambda: input_open(input_uri),
+                uri=input_uri,
+                options=options,
+                input_field=input_field,
+                max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
+                limits=limits.capped(SUBMIT_CHECK_DECOMPRESSED_BYTES, setting=_LEFT_TO_THE_PLANNER),
+            )
+        except DecompressionLimitExceeded as exc:
+            if exc.setting != _LEFT_TO_THE_PLANNER:
+                raise
+            return size, None
     return size, check
 
 
@@ -125,8 +149,9 @@ def input_rejected(check: JsonlCheck) -> SubmissionError:
     return SubmissionError(f"input rejected: {summary}", field="input", problems=check.problems)
 
 
-def _check_input(input_uri: str, *, input_field: str, options: InputOptions) -> InputCheck:
-    size, check = input_read(input_uri, input_field=input_field, options=options)
+def _check_input(input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant) -> InputCheck:
+    limits = input_limits(tenant.pk)
+    size, check = input_read(input_uri, input_field=input_field, options=options, limits=limits)
     if check is not None and not check.ok:
         raise input_rejected(check)
     return InputCheck(size=size, records=check.records if check is not None else None)
@@ -314,7 +339,9 @@ def job_submit(
     The arguments are `submission_request`'s, and `user`, who submits.
     """
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
-    checked = _check_input(accepted.input_uri, input_field=accepted.input_field, options=accepted.options)
+    checked = _check_input(
+        accepted.input_uri, input_field=accepted.input_field, options=accepted.options, tenant=tenant
+    )
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():

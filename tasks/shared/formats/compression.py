@@ -2,6 +2,12 @@
 
 The first bytes of an input decide its compression (and, for Parquet, its format), so `peek` reads
 them and hands back a stream that still starts with them, whether or not the source can seek.
+
+Every decompressed stream is bounded (`DecompressionLimits`): a few hundred KB of gzip or zstd may
+expand into gigabytes, so reading stops with `DecompressionLimitExceeded`, naming the limit and its
+setting, once the output passes its most bytes or, past a first `ratio_after` bytes (so that a small
+file of repeated lines is not refused), grows more than `max_ratio` times the compressed bytes read.
+No reader (the submission's check, the dry run, the planner, a Parquet spill) gets past it.
 """
 
 from __future__ import annotations
@@ -9,9 +15,12 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
 import zstandard
+
+from tasks.shared.config import MAX_COMPRESSION_RATIO, MAX_DECOMPRESSED_BYTES
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -70,12 +79,119 @@ class _Prefixed(io.RawIOBase):
         return len(data)
 
 
-def decompressed(stream: IO[bytes], compression: str | None, head: bytes) -> IO[bytes]:
+RATIO_AFTER_BYTES = 64 * 1024 * 1024
+"""Decompressed bytes read before the ratio applies: a small file of repeated lines may well compress
+a thousand times, and 64 MiB is what a bomb may cost before the ratio stops it."""
+
+
+class DecompressionLimitExceeded(ValueError):
+    """A compressed input expands past a limit: `limit` is its value, `setting` what sets it."""
+
+    def __init__(self, message: str, *, limit: float, setting: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.setting = setting
+
+
+@dataclass(frozen=True)
+class DecompressionLimits:
+    """How far a compressed input may expand as it is read."""
+
+    max_bytes: int
+    """The most decompressed bytes."""
+    max_ratio: float
+    """The most decompressed bytes per compressed byte read, once `ratio_after` bytes are out."""
+    ratio_after: int = RATIO_AFTER_BYTES
+    bytes_setting: str = MAX_DECOMPRESSED_BYTES.name
+    """What sets `max_bytes`, named by the refusal: the operator's setting, or a tenant's quota."""
+
+    @classmethod
+    def configured(cls) -> DecompressionLimits:
+        """The operator's limits (BATCHERY_MAX_DECOMPRESSED_BYTES, BATCHERY_MAX_COMPRESSION_RATIO)."""
+        return cls(max_bytes=MAX_DECOMPRESSED_BYTES.read(), max_ratio=MAX_COMPRESSION_RATIO.read())
+
+    def capped(self, max_bytes: int | None, *, setting: str) -> DecompressionLimits:
+        """These limits with `max_bytes` lowered to `max_bytes` (a quota, named `setting`) where that is lower."""
+        if max_bytes is None or max_bytes >= self.max_bytes:
+            return self
+        return DecompressionLimits(
+            max_bytes=max_bytes, max_ratio=self.max_ratio, ratio_after=self.ratio_after, bytes_setting=setting
+        )
+
+
+def decompressed(
+    stream: IO[bytes], compression: str | None, head: bytes, limits: DecompressionLimits | None = None
+) -> IO[bytes]:
+    """`stream` decompressed as `compression` says, bounded by `limits` (by default the operator's);
+    an uncompressed stream is returned as it is."""
+    if compression is None:
+        return stream
+    source = _Counted(stream)
+    plain: IO[bytes]
     if compression == "gzip":
-        return cast("IO[bytes]", gzip.GzipFile(fileobj=stream, mode="rb"))  # typeshed's GzipFile is no IO
-    if compression == "zstd":
-        return io.BufferedReader(_ZstdReader(stream, head))
-    return stream
+        plain = cast("IO[bytes]", gzip.GzipFile(fileobj=source, mode="rb"))  # typeshed's GzipFile is no IO
+    else:
+        plain = io.BufferedReader(_ZstdReader(cast("IO[bytes]", source), head))
+    return io.BufferedReader(_Bounded(plain, source, limits or DecompressionLimits.configured()))
+
+
+class _Counted(io.RawIOBase):
+    """A compressed stream that counts the bytes read from it, for the ratio."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
+        self._raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(len(view))
+        view[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressed stream that raises `DecompressionLimitExceeded` once it passes `limits`; it never
+    hands out more than one byte over `max_bytes`, so no caller holds or writes more than that."""
+
+    def __init__(self, plain: IO[bytes], source: _Counted, limits: DecompressionLimits) -> None:
+        super().__init__()
+        self._plain = plain
+        self._source = source
+        self._limits = limits
+        self.produced = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        limits = self._limits
+        view = memoryview(buffer).cast("B")
+        room = limits.max_bytes + 1 - self.produced
+        data = self._plain.read(min(len(view), room))
+        view[: len(data)] = data
+        self.produced += len(data)
+        # The ratio first: a bomb is named as one even where a size limit falls at the same point.
+        consumed = max(self._source.count, 1)
+        if self.produced >= limits.ratio_after and self.produced > limits.max_ratio * consumed:
+            raise DecompressionLimitExceeded(
+                f"the input expands more than {limits.max_ratio:g} times as it decompresses "
+                f"({self.produced} bytes from {self._source.count}), the limit "
+                f"{MAX_COMPRESSION_RATIO.name} sets",
+                limit=limits.max_ratio,
+                setting=MAX_COMPRESSION_RATIO.name,
+            )
+        if self.produced > limits.max_bytes:
+            raise DecompressionLimitExceeded(
+                f"the input decompresses to more than {limits.max_bytes} bytes, the limit {limits.bytes_setting} sets",
+                limit=limits.max_bytes,
+                setting=limits.bytes_setting,
+            )
+        return len(data)
 
 
 class _ZstdReader(io.RawIOBase):

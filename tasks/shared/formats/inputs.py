@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from tasks.shared.formats.compression import (
     COMPRESSION_SUFFIXES,
     CORRUPT,
+    DecompressionLimits,
     corrupt_message,
     decompressed,
     peek,
@@ -139,14 +140,19 @@ def iter_records(
     input_field: str,
     check: JsonlCheck,
     max_problems: int = 100,
+    limits: DecompressionLimits | None = None,
 ) -> Iterator[Record]:
     """Yield valid records in input order; problems are counted into `check`, not yielded.
 
     Sets `check.unit` to how the input is numbered ("row" for Parquet). Raises InputOptionsError
     (when iterated) if the options do not fit the detected format. Duplicate ids are found after
-    the input is exhausted: see `colliding_id_hashes` and `find_duplicate_records`.
+    the input is exhausted: see `colliding_id_hashes` and `find_duplicate_records`. A compressed input
+    is bounded by `limits` (by default the operator's): `DecompressionLimitExceeded` past them.
     """
-    with _open_input(open_stream, uri=uri, options=options, input_field=input_field) as (input_format, items):
+    with _open_input(open_stream, uri=uri, options=options, input_field=input_field, limits=limits) as (
+        input_format,
+        items,
+    ):
         check.unit = "row" if input_format.kind == "parquet" else "line"
         yield from count_records(items, check=check, max_problems=max_problems)
 
@@ -160,9 +166,10 @@ def find_duplicate_records(
     check: JsonlCheck,
     suspects: set[int],
     max_problems: int = 100,
+    limits: DecompressionLimits | None = None,
 ) -> None:
     """Second pass, only after a hash collision: name each record whose custom_id was seen before."""
-    with _open_input(open_stream, uri=uri, options=options, input_field=input_field) as (_, items):
+    with _open_input(open_stream, uri=uri, options=options, input_field=input_field, limits=limits) as (_, items):
         mark_duplicates(items, check=check, suspects=suspects, max_problems=max_problems)
 
 
@@ -173,11 +180,18 @@ def check_input(
     options: InputOptions,
     input_field: str,
     max_problems: int = 100,
+    limits: DecompressionLimits | None = None,
 ) -> JsonlCheck:
     """Read a whole input once (twice if ids may collide) and report every problem."""
     check = JsonlCheck()
     for _ in iter_records(
-        open_stream, uri=uri, options=options, input_field=input_field, check=check, max_problems=max_problems
+        open_stream,
+        uri=uri,
+        options=options,
+        input_field=input_field,
+        check=check,
+        max_problems=max_problems,
+        limits=limits,
     ):
         pass
     suspects = colliding_id_hashes(check)
@@ -190,6 +204,7 @@ def check_input(
             check=check,
             suspects=suspects,
             max_problems=max_problems,
+            limits=limits,
         )
     return check
 
@@ -209,20 +224,30 @@ def _refuse_columns(options: InputOptions, why: str) -> None:
 
 @contextmanager
 def _open_input(
-    open_stream: Callable[[], BinaryIO], *, uri: str, options: InputOptions, input_field: str
+    open_stream: Callable[[], BinaryIO],
+    *,
+    uri: str,
+    options: InputOptions,
+    input_field: str,
+    limits: DecompressionLimits | None,
 ) -> Iterator[tuple[InputFormat, Iterator[Record | LineProblem]]]:
     with open_stream() as raw:
         head, stream = peek(raw)
         input_format = detect_format(uri, head, explicit=options.format)
         if input_format.kind == "jsonl":
             _refuse_columns(options, f"detected for {uri}")
-        yield input_format, _items(input_format, stream, head, options, input_field)
+        yield input_format, _items(input_format, stream, head, options, input_field, limits)
 
 
 def _items(
-    input_format: InputFormat, stream: IO[bytes], head: bytes, options: InputOptions, input_field: str
+    input_format: InputFormat,
+    stream: IO[bytes],
+    head: bytes,
+    options: InputOptions,
+    input_field: str,
+    limits: DecompressionLimits | None,
 ) -> Iterator[Record | LineProblem]:
-    plain = decompressed(stream, input_format.compression, head)
+    plain = decompressed(stream, input_format.compression, head, limits)
     if input_format.kind == "parquet":
         spill = input_format.compression is not None or not stream.seekable()
         return _parquet_items(plain, spill=spill, options=options, input_field=input_field)
@@ -377,7 +402,7 @@ def _parquet_items(
         yield from _read_parquet(stream, options, input_field)
         return
     # Parquet is read from its footer backwards; an S3 body or a decompressed stream cannot seek,
-    # so it is first copied, streaming, to a temporary file.
+    # so it is first copied, streaming, to a temporary file: no larger than the decompression limits.
     with tempfile.TemporaryFile(prefix="batchery-input-") as copy:
         try:
             shutil.copyfileobj(stream, copy, SPILL_CHUNK_BYTES)

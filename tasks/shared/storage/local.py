@@ -2,12 +2,18 @@
 
 Writes go to a temporary file in the same directory and are renamed into place, so a reader never
 sees half an object; `put_if_absent` uses an exclusive create (O_EXCL), which is atomic on POSIX.
+
+A tenant's job input is opened with `open_read_no_symlinks`: its path was resolved and checked to lie
+under the tenant's roots at submission, so a symbolic link met on the way to it later (a file swapped
+for a link to one outside the roots) is refused, never followed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +44,31 @@ class LocalStore:
             raise StorageError(f"{uri} is a directory, not a file") from None
         except PermissionError:
             raise StorageError(f"permission denied reading {uri}") from None
+
+    def open_read_no_symlinks(self, uri: str) -> BinaryIO:
+        """Open a regular file at `uri`, an absolute path without symbolic links, following none: each
+        directory is opened from the one before with O_NOFOLLOW. Raises `StorageError` for a link on
+        the way (ELOOP, ENOTDIR), a missing file, or anything but a regular file (a FIFO would block)."""
+        path = path_of(uri)
+        if not path.is_absolute():
+            raise StorageError(f"not an absolute path: {uri}")
+        directory = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        parent = os.open("/", directory)
+        try:
+            for part in path.parts[1:-1]:
+                child = os.open(part, directory, dir_fd=parent)
+                os.close(parent)
+                parent = child
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise _no_symlinks_error(uri, exc) from None
+        finally:
+            os.close(parent)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorageError(f"{uri} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
 
     @contextmanager
     def open_write(self, uri: str) -> Iterator[BinaryIO]:
@@ -104,3 +135,16 @@ class LocalStore:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def _no_symlinks_error(uri: str, exc: OSError) -> StorageError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return StorageError(
+            f"{uri} is, or lies under, a symbolic link that was not there when the input was checked; "
+            "Batchery does not follow it"
+        )
+    if exc.errno == errno.ENOENT:
+        return StorageError(f"no such object: {uri}")
+    if exc.errno == errno.EACCES:
+        return StorageError(f"permission denied reading {uri}")
+    return StorageError(f"cannot open {uri}: {exc.strerror}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 from tasks.shared.storage.base import ObjectStore, StorageError
@@ -20,6 +21,14 @@ def store_for(uri: str) -> ObjectStore:
     if scheme == "s3":
         return _S3
     raise StorageError(f"unsupported storage URI scheme {scheme!r} in {uri} (supported: file://, s3://)")
+
+
+def input_open(uri: str) -> BinaryIO:
+    """Open a job's input for reading: a `file://` one without following any symbolic link (its path
+    was resolved and checked at submission, see `LocalStore.open_read_no_symlinks`)."""
+    if urlparse(uri).scheme == "file":
+        return _LOCAL.open_read_no_symlinks(uri)
+    return store_for(uri).open_read(uri)
 
 
 def presigned_url(uri: str, *, expires_s: int) -> str | None:

@@ -195,6 +195,8 @@ def test_a_rerun_keeps_the_originals_choice_of_cutting_by_cost(
     acme: Tenant, minilm: Model, write_jsonl: Callable[..., Path]
 ) -> None:
     path = write_jsonl([{"custom_id": "a", "input": "x"}])
+    acme.storage_prefixes = [path.parent.as_uri() + "/"]  # a re-run is held to the tenant's input roots
+    acme.save()
     job = job_submit(tenant=acme, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     Job.objects.filter(pk=job.pk).update(status=JobStatus.FAILED)
 

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
-from tasks.shared.storage import StorageError, join_uri, store_for
+from tasks.shared.storage import StorageError, input_open, join_uri, store_for
 
 
 def test_a_write_appears_only_when_complete(tmp_path: Path) -> None:
@@ -48,3 +49,22 @@ def test_reading_a_missing_object_names_it(tmp_path: Path) -> None:
 def test_unknown_schemes_are_refused() -> None:
     with pytest.raises(StorageError, match="unsupported storage URI scheme 'ftp'"):
         store_for("ftp://example/x")
+
+
+def test_a_job_input_is_opened_following_no_link_and_only_as_a_regular_file(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "in.jsonl").write_bytes(b"x\n")
+    with input_open((tmp_path / "real" / "in.jsonl").as_uri()) as handle:
+        assert handle.read() == b"x\n"
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "real" / "in.jsonl")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    os.mkfifo(tmp_path / "fifo")  # opening one for reading would wait for a writer forever
+    refused = {
+        "link.jsonl": "symbolic link",
+        "linked/in.jsonl": "symbolic link",
+        "fifo": "not a regular file",
+        "missing.jsonl": "no such object",
+    }
+    for name, reason in refused.items():
+        with pytest.raises(StorageError, match=reason):
+            input_open((tmp_path / name).as_uri())

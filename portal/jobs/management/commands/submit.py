@@ -131,6 +131,11 @@ def report_lines(report: DryRunReport) -> list[str]:
         f"model      {report.model}",
         f"input      {report.input_bytes:,} bytes, {report.records:,} valid records",
     ]
+    if (sample := report.sample) is not None:
+        lines.append(
+            f"sampled    read {sample.input_bytes_read:,} bytes until {sample.stopped_by}; the whole input "
+            f"estimated at {report.estimated_records:,} records (x{sample.scale:,.3g} by {sample.basis})"
+        )
     if report.problem_count:
         plural = "s" if report.problem_count != 1 else ""
         lines.append(f"problems   {report.problem_count:,} bad {unit}{plural}; a submission would be refused:")
