@@ -42,6 +42,28 @@ class Destination:
     address: str
 
 
+def url_redacted(url: str) -> str:
+    """`scheme://host[:port]/…`: a webhook URL as logs and stored messages show it, since its path or
+    query may carry the receiver's token."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "(an invalid URL)"
+    if not host:
+        return "(a URL without a host)"
+    literal = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{literal}{f':{port}' if port else ''}/…"
+
+
+def text_redacted(text: str, *urls: str) -> str:
+    """`text` with each of `urls` (as written) in its redacted form: for error messages that quote one."""
+    for url in sorted(set(urls), key=len, reverse=True):
+        if url:
+            text = text.replace(url, url_redacted(url))
+    return text
+
+
 def url_shape_problem(url: str) -> str | None:
     """Why a URL cannot be a webhook endpoint by its shape alone, or None."""
     try:
