@@ -16,6 +16,7 @@ import pytest
 from portal.tenancy.models import Membership, Tenant
 from portal.webhooks.models import WebhookEndpoint
 from portal.webhooks.services.endpoints import webhook_endpoint_create
+from tasks.shared.redis_client import redis_client
 from tests.api.conftest import Caller, make_caller
 from tests.factories import TenantFactory
 
@@ -143,6 +144,21 @@ class TrickleReceiver:
         self._listener.close()
         for thread in self._threads:
             thread.join(timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def no_places_left_over() -> Iterator[None]:
+    """Each test starts with no tenant's webhook places taken or deliveries waiting (`in_flight`): a test
+    database made anew gives its tenants the ids of an earlier run's."""
+
+    def clear() -> None:
+        client = redis_client()
+        for key in client.scan_iter(match="batchery:webhooks:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
 
 
 @pytest.fixture
