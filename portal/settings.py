@@ -464,6 +464,27 @@ BATCHERY_WEBHOOK_RETRY_DELAYS_S = _retry_delays(
 BATCHERY_WEBHOOK_TIMEOUT_S = env_float(
     "BATCHERY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1, doc="Connect and read timeout of each webhook attempt."
 )
+# Webhook deliveries run on their own queue (`webhooks`); a receiver can hold a sender no longer than
+# the attempt's deadline, and a tenant no more senders than its places in flight.
+BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = env_float(
+    "BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S",
+    15.0,
+    minimum=0.1,
+    doc="Overall deadline of one webhook attempt (connect, send, read the answer's head), however slowly "
+    "the receiver answers.",
+)
+BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT = env_int(
+    "BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT",
+    2,
+    minimum=1,
+    doc="Webhook attempts of one tenant in flight at once; its further deliveries wait (delayed, not lost).",
+)
+BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT = env_int(
+    "BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT",
+    20,
+    minimum=1,
+    doc="Webhook endpoints one tenant may register; one more is refused (400).",
+)
 BATCHERY_WEBHOOK_PROGRESS_EVERY_S = env_float(
     "BATCHERY_WEBHOOK_PROGRESS_EVERY_S",
     30.0,

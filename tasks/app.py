@@ -24,7 +24,8 @@ CONTROL_TASK_MODULES = (
     "tasks.control.finalize_batch",
     "tasks.control.webhooks",
 )
-"""Tasks of the `control` queue, near the database (`tasks.control.base.ControlTask`)."""
+"""Tasks near the database (`tasks.control.base.ControlTask`): of the `control` queue, and of the
+`webhooks` and `validation` queues that their own workers consume (`tasks.shared.config.TASK_QUEUES`)."""
 
 DB_REUSE_MAX_TASKS = 1000
 """Tasks a worker process runs on one database connection before Celery's Django fixup closes it."""

@@ -23,7 +23,9 @@ from tasks.shared.config import (
     SHARD_TASK,
     SHARDS_ENDED_TASK,
     VALIDATE_BATCH_TASK,
+    VALIDATION_QUEUE,
     WAVE_TASK,
+    WEBHOOKS_QUEUE,
 )
 
 
@@ -47,7 +49,7 @@ def send_merge(job_id: str, *, stop: str | None = None, task_id: str | None = No
 
 
 def send_batch_validation(batch_id: str, *, task_id: str) -> None:
-    app.send_task(VALIDATE_BATCH_TASK, (batch_id,), task_id=task_id, queue=CONTROL_QUEUE)
+    app.send_task(VALIDATE_BATCH_TASK, (batch_id,), task_id=task_id, queue=VALIDATION_QUEUE)
 
 
 def send_batch_finalize(batch_id: str) -> None:
@@ -55,7 +57,7 @@ def send_batch_finalize(batch_id: str) -> None:
 
 
 def send_webhook_delivery(delivery_id: int, *, countdown: float | None = None) -> None:
-    app.send_task(DELIVER_WEBHOOK_TASK, (delivery_id,), countdown=countdown, queue=CONTROL_QUEUE)
+    app.send_task(DELIVER_WEBHOOK_TASK, (delivery_id,), countdown=countdown, queue=WEBHOOKS_QUEUE)
 
 
 def shard_signature(spec: dict[str, Any], *, task_id: str, argsrepr: str, limits: ShardLimits) -> Signature:

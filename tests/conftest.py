@@ -89,7 +89,8 @@ def s3(s3_service: S3Service, monkeypatch: pytest.MonkeyPatch) -> S3Service:
 def pipeline_workers(
     django_db_setup: None, django_db_blocker: Any, s3_service: S3Service
 ) -> Iterator[dict[str, WorkerProcess]]:
-    """A real control worker and a real `gpu.cpu` worker, sharing the test database, broker and S3 server."""
+    """A real control worker, a webhooks worker, a validation worker and a real `gpu.cpu` worker, sharing the
+    test database, broker and S3 server."""
     from django.db import connection
 
     from tasks.app import app
@@ -101,9 +102,15 @@ def pipeline_workers(
     # Webhook tests' receivers listen on 127.0.0.1, explicitly allowed; their retries come fast.
     env["BATCHERY_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
     env["BATCHERY_WEBHOOK_RETRY_DELAYS_S"] = "0.2,0.2"
+    # A slow receiver is cut within seconds; one place in flight a tenant, two senders: another
+    # tenant's deliveries go on while one tenant's receiver is slow.
+    env["BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S"] = "4"
+    env["BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT"] = "1"
     log_dir = ARTIFACTS / "logs"
     workers = {
         "control": start_worker("control", "control", env=env, log_dir=log_dir),
+        "webhooks": start_worker("webhooks", "webhooks", env=env, log_dir=log_dir, concurrency=2),
+        "validation": start_worker("validation", "validation", env=env, log_dir=log_dir),
         "cpu": start_worker(
             "cpu0", "gpu.cpu", env={**env, "BATCHERY_TORCH_THREADS": "2", "CUDA_VISIBLE_DEVICES": ""}, log_dir=log_dir
         ),

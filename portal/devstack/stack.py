@@ -43,7 +43,8 @@ class StackOptions:
     logs_to_files: bool = False
     """Send each process's output to var/logs/<name>.log instead of this terminal."""
     workers: bool = True
-    """The control worker (with beat) and the slots; off for a benchmark of the portal alone."""
+    """The control worker (with beat), the webhooks and validation workers and the slots; off for a
+    benchmark of the portal alone."""
 
 
 def repoint_celery_app() -> None:
@@ -137,6 +138,16 @@ class Stack:
                 "--beat", "--schedule", str(schedule),
             ],
         )  # fmt: skip
+        # Webhook deliveries and batch validations off the control lane, each on a worker of its own,
+        # as the deployments run them: a slow receiver or a pile of large files never holds planning.
+        for queue, concurrency in (("webhooks", 4), ("validation", 1)):
+            self._spawn(
+                queue,
+                [
+                    python, "-m", "celery", "--app", "tasks.app", "worker", "--queues", queue,
+                    "--concurrency", str(concurrency), "--hostname", f"{queue}@%h", "--loglevel", options.loglevel,
+                ],
+            )  # fmt: skip
         launch = [python, "-m", "gpuworkers", "launch", "--loglevel", options.loglevel]
         launch += ["--metrics-port", str(options.metrics_port), "--metrics-address", "127.0.0.1"]
         if options.cpu_slots:

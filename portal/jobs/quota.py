@@ -5,7 +5,7 @@ a job that were not counted at submission, which its planner holds it to.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from django.db.models import Count, QuerySet, Sum
@@ -169,17 +169,45 @@ def quota_check_model(tenant: Tenant, model: Model, allowed: QuerySet[Model]) ->
     )
 
 
-def quota_reserve(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
-    """Hold a job against the tenant's limits with its quota row locked, so that concurrent submissions
-    queue up here; raise `QuotaExceeded` on the first limit it passes."""
+def _locked_quota(tenant: Tenant) -> Quota:
+    """The tenant's quota row, locked until the transaction ends (made if it has none)."""
     quota = Quota.objects.select_for_update().filter(tenant=tenant).first()
     if quota is None:
         Quota.objects.get_or_create(tenant=tenant)
         quota = Quota.objects.select_for_update().get(tenant=tenant)
+    return quota
+
+
+def quota_reserve(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
+    """Hold a job against the tenant's limits with its quota row locked, so that concurrent submissions
+    queue up here; raise `QuotaExceeded` on the first limit it passes."""
+    quota = _locked_quota(tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     for line in quota_lines(quota, use, input_bytes=input_bytes, records=records):
         if line.refused is not None:
             raise line.exceeded()
+
+
+def quota_hold_pending(tenant: Tenant, *, pending: Callable[[], int], what: str) -> None:
+    """Hold one more request that becomes a job only later (`what`, e.g. an OpenAI batch whose input file
+    is still being validated) against `max_concurrent_jobs`, beside the tenant's jobs not ended and its
+    other such requests (`pending`, counted with the quota row locked, so that concurrent requests queue
+    up here). Raises `QuotaExceeded`; the caller's transaction keeps the lock until the request is saved."""
+    quota = _locked_quota(tenant)
+    limit = quota.max_concurrent_jobs
+    if limit is None:
+        return
+    jobs = quota_usage(tenant_ids=[tenant.pk])[tenant.pk].concurrent_jobs
+    held = jobs + pending()
+    if held + 1 > limit:
+        raise QuotaExceeded(
+            quota="max_concurrent_jobs",
+            limit=limit,
+            current=held,
+            requested=1,
+            message=f"quota max_concurrent_jobs exceeded: limit {limit}, in use {held} ({jobs} jobs not ended, "
+            f"{held - jobs} {what}), this needs 1",
+        )
 
 
 class RecordsOverQuota(Exception):

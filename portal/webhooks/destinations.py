@@ -2,8 +2,11 @@
 
 A URL's host is resolved and every address it resolves to must be public (not loopback, link-local,
 private, reserved, multicast or unspecified) unless the operator lists the host, or host:port, in
-`BATCHERY_WEBHOOK_ALLOWED_HOSTS`. The sender then connects to the address checked here, not to the
-name, so a DNS answer that changes between the check and the connection (rebinding) cannot move it.
+`BATCHERY_WEBHOOK_ALLOWED_HOSTS`. An IPv6 address that carries an IPv4 address (IPv4-mapped and
+-compatible, NAT64, 6to4, Teredo) is judged by the IPv4 address it carries, since a gateway on the way
+may deliver it there; a local-use NAT64 address (64:ff9b:1::/48) is refused. The sender then
+connects to the address checked here, not to the name, so a DNS answer that changes between the
+check and the connection (rebinding) cannot move it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,28 @@ class Destination:
     address: str
 
 
+def url_redacted(url: str) -> str:
+    """`scheme://host[:port]/…`: a webhook URL as logs and stored messages show it, since its path or
+    query may carry the receiver's token."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "(an invalid URL)"
+    if not host:
+        return "(a URL without a host)"
+    literal = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{literal}{f':{port}' if port else ''}/…"
+
+
+def text_redacted(text: str, *urls: str) -> str:
+    """`text` with each of `urls` (as written) in its redacted form: for error messages that quote one."""
+    for url in sorted(set(urls), key=len, reverse=True):
+        if url:
+            text = text.replace(url, url_redacted(url))
+    return text
+
+
 def url_shape_problem(url: str) -> str | None:
     """Why a URL cannot be a webhook endpoint by its shape alone, or None."""
     try:
@@ -56,11 +81,52 @@ def url_shape_problem(url: str) -> str | None:
     return None
 
 
+# IPv6 ranges that carry an IPv4 address in their last 32 bits. Written out rather than taken from
+# `ipaddress`, whose `is_private`/`is_global` for these ranges differ between Python versions.
+_CARRY_LAST_32 = (
+    ipaddress.IPv6Network("::ffff:0:0/96"),  # IPv4-mapped (also `ipv4_mapped`)
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT, RFC 2765)
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated; :: and ::1 fall here too)
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64's well-known prefix (RFC 6052)
+)
+_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")  # the IPv4 address in bits 16 to 47 (RFC 3056)
+_TEREDO = ipaddress.IPv6Network("2001::/32")  # server and (obfuscated) client addresses (RFC 4380)
+# Local-use NAT64 (RFC 8215): where the IPv4 address sits depends on the site's prefix length.
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def _carried(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | None:
+    """The IPv4 addresses an IPv6 address carries (Teredo: its server and its client), or None."""
+    value = int(address)
+    if any(address in network for network in _CARRY_LAST_32):
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if address in _SIX_TO_FOUR:
+        return [ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)]
+    if address in _TEREDO:
+        # The client's address is stored inverted, so that NATs do not rewrite it.
+        return [ipaddress.IPv4Address((value >> 64) & 0xFFFFFFFF), ipaddress.IPv4Address(~value & 0xFFFFFFFF)]
+    return None
+
+
 def _unmapped(address: IpAddress) -> IpAddress:
     """::ffff:127.0.0.1 is 127.0.0.1, and is judged as such."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def _refusal(address: IpAddress) -> str | None:
+    """Why webhooks may not go to `address` (its kind), or None for a public address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _LOCAL_NAT64:
+            return "a local-use NAT64 address"
+        carried = _carried(address)
+        if carried is not None:
+            for inner in carried:
+                if not _is_public(inner):
+                    return f"an address carrying {inner}, a {_kind(inner)}"
+            return None
+    return None if _is_public(address) else f"a {_kind(address)}"
 
 
 def _is_public(address: IpAddress) -> bool:
@@ -102,9 +168,10 @@ def destination_check(url: str, *, allowed_hosts: Collection[str]) -> Destinatio
         raise DestinationUnresolved(f"{host} resolves to no address")
     if not _is_listed(host, port, allowed_hosts):
         for address in addresses:
-            if not _is_public(address):
+            refusal = _refusal(address)
+            if refusal is not None:
                 raise DestinationRefused(
-                    f"{host} resolves to {address}, a {_kind(address)} address; webhooks go to public addresses "
+                    f"{host} resolves to {address}, {refusal} address; webhooks go to public addresses "
                     "unless the operator allows the host in BATCHERY_WEBHOOK_ALLOWED_HOSTS"
                 )
     address = addresses[0]

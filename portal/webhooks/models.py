@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from portal.webhooks.destinations import url_redacted
+
 EVENT_TYPES = (
     # OpenAI's batch events, for jobs that are OpenAI batches (`data.id` is the batch's id).
     "batch.completed",
@@ -43,7 +45,8 @@ class WebhookEndpoint(models.Model):
         verbose_name = "webhook endpoint"
 
     def __str__(self) -> str:
-        return f"{self.url} ({self.tenant})"
+        # Its path or query may carry the receiver's token: never shown whole where a name is.
+        return f"{url_redacted(self.url)} ({self.tenant})"
 
     def wants(self, event_type: str) -> bool:
         return self.enabled and event_type in self.event_types

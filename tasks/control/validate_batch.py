@@ -1,4 +1,5 @@
-"""Validate a large `/v1/batches` input file off the request (control queue): the batch reads
+"""Validate a large `/v1/batches` input file off the request (the `validation` queue, its own worker, so
+that a tenant's many large files never wait in front of the control lane): the batch reads
 `validating` until this submits its job or fails it (`portal.openai_api.services.validation`)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Webhook deliveries (control queue): one attempt per message, the next one sent with its delay;
-and the periodic sweep that sends the long-delayed retries and what no message carried (see
-`portal.webhooks.services.delivery`)."""
+"""Webhook deliveries (the `webhooks` queue, its own worker: a receiver may take an attempt's whole
+deadline, and must never hold the control lane): one attempt per message, the next one sent with its
+delay; and the periodic sweep that sends the long-delayed retries, the deliveries that waited for a
+place in flight, and what no message carried (see `portal.webhooks.services.delivery`)."""
 
 from __future__ import annotations
 

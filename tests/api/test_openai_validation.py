@@ -1,4 +1,5 @@
-"""/v1/files and /v1/batches refuse bad input clearly: line-numbered errors, 413, unknown endpoints and models."""
+"""/v1/files and /v1/batches refuse bad input clearly: line-numbered errors, 413, unknown endpoints and models,
+and 429 once batches still validating fill the tenant's concurrent jobs."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from celery.signals import before_task_publish
 
 from portal.jobs.models import Job
 from portal.openai_api.models import Batch, File
-from portal.tenancy.models import Membership
+from portal.tenancy.models import Membership, Quota
+from tasks.shared.config import VALIDATE_BATCH_TASK
 from tests.api.conftest import Caller
 
 pytestmark = pytest.mark.django_db
@@ -132,3 +135,32 @@ def test_files_list_pages_with_after_and_limit_and_delete(caller: Callable[..., 
     deleted = alice.client.delete(f"/v1/files/{ids[0]}").json()
     assert deleted == {"id": ids[0], "object": "file", "deleted": True}
     assert alice.client.get(f"/v1/files/{ids[0]}").status_code == 404
+
+
+def test_batches_still_validating_count_against_max_concurrent_jobs_and_validate_on_their_own_queue(
+    caller: Callable[..., Caller], minilm: Any, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """One large file posted again and again queues no more validations than the tenant may run jobs."""
+    settings.BATCHERY_BATCH_SYNC_VALIDATION_BYTES = 1  # every file is validated off the request
+    alice = caller("acme")
+    Quota.objects.filter(tenant=alice.tenant).update(max_concurrent_jobs=2)
+    file_id = _upload(alice, [_request(0), _request(1)]).json()["id"]
+    published: list[tuple[str, str]] = []
+
+    def seen(sender: str, routing_key: str, **_: object) -> None:
+        published.append((sender, routing_key))
+
+    before_task_publish.connect(seen)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            answers = [_create(alice, file_id) for _ in range(3)]
+    finally:
+        before_task_publish.disconnect(seen)
+
+    assert [answer.status_code for answer in answers] == [200, 200, 429]
+    assert [answer.json()["status"] for answer in answers[:2]] == ["validating", "validating"]
+    error = answers[2].json()["error"]
+    assert error["code"] == "quota_exceeded" and error["param"] == "max_concurrent_jobs", error
+    assert "limit 2" in error["message"] and "2 batches validating" in error["message"], error
+    assert Batch.objects.count() == 2
+    assert published == [(VALIDATE_BATCH_TASK, "validation")] * 2

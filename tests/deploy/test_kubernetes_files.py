@@ -214,6 +214,14 @@ def test_network_policies_let_gpu_workers_reach_only_the_broker_the_store_and_dn
     assert ":6379/" in common["CELERY_BROKER_URL"] and common["AWS_ENDPOINT_URL"].endswith(":9000")
 
 
+def test_webhooks_and_validations_have_workers_of_their_own_off_the_control_lane(site: list[dict[str, Any]]) -> None:
+    for queue in ("control", "webhooks", "validation"):
+        [deployment] = find(site, "Deployment", queue)
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["command"][:6] == ["celery", "--app", "tasks.app", "worker", "--queues", queue]
+        assert {"DATABASE_URL", "SECRET_KEY"} <= env_names(container, site)
+
+
 def test_the_control_side_has_disruption_budgets_probes_and_requests(site: list[dict[str, Any]]) -> None:
     budgets = {
         p["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for p in find(site, "PodDisruptionBudget")

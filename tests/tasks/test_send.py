@@ -30,3 +30,31 @@ def test_a_portal_process_loads_neither_the_slot_runtime_nor_the_control_tasks()
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "none", done.stdout
+
+
+def test_deliveries_and_validations_are_published_to_their_own_queues_not_control() -> None:
+    """What Celery itself publishes (its `before_task_publish` signal names the routing key)."""
+    from celery.signals import before_task_publish
+
+    from tasks import send
+    from tasks.app import app
+    from tasks.shared.config import DELIVER_WEBHOOK_TASK, VALIDATE_BATCH_TASK, WEBHOOKS_SWEEP_TASK
+
+    published: dict[str, str] = {}
+
+    def seen(sender: str, routing_key: str, **_: object) -> None:
+        published[sender] = routing_key
+
+    before_task_publish.connect(seen)
+    try:
+        # Ids of nothing: a worker that takes them finds nothing to do.
+        send.send_webhook_delivery(-1)
+        send.send_batch_validation("batch_none", task_id="validate-batch_none-test")
+        app.send_task(WEBHOOKS_SWEEP_TASK, expires=1)
+    finally:
+        before_task_publish.disconnect(seen)
+    assert published == {
+        DELIVER_WEBHOOK_TASK: "webhooks",
+        VALIDATE_BATCH_TASK: "validation",
+        WEBHOOKS_SWEEP_TASK: "webhooks",
+    }

@@ -3,6 +3,7 @@ the status codes a test scripts; endpoints allowed to reach them; tiny retry del
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import pytest
 from portal.tenancy.models import Membership, Tenant
 from portal.webhooks.models import WebhookEndpoint
 from portal.webhooks.services.endpoints import webhook_endpoint_create
+from tasks.shared.redis_client import redis_client
 from tests.api.conftest import Caller, make_caller
 from tests.factories import TenantFactory
 
@@ -76,6 +78,102 @@ class Receiver:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class TrickleReceiver:
+    """A hostile receiver on 127.0.0.1: reads the request, then answers one byte a second (a whole answer
+    would take about a minute). Counts the connections it got and the ones its sender has dropped."""
+
+    ANSWER = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Padding: " + b"." * 40 + b"\r\nContent-Length: 2\r\n\r\nok"
+    )
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.connections = 0
+        self.dropped: list[float] = []
+        """How long each connection lasted until its sender dropped it, in seconds."""
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            thread = threading.Thread(target=self._trickle, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        started = time.monotonic()
+        with conn:
+            conn.settimeout(5)
+            request = b""
+            try:
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536) or b"\r\n\r\n"
+                for byte in self.ANSWER:
+                    if self._stop.wait(1.0):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:
+                with self._lock:
+                    self.dropped.append(time.monotonic() - started)
+
+    def wait_for_connections(self, count: int, *, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.connections < count:
+            time.sleep(0.05)
+        assert self.connections >= count, f"the trickling receiver got {self.connections} connections, not {count}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def no_places_left_over() -> Iterator[None]:
+    """Each test starts with no tenant's webhook places taken or deliveries waiting (`in_flight`): a test
+    database made anew gives its tenants the ids of an earlier run's."""
+
+    def clear() -> None:
+        client = redis_client()
+        for key in client.scan_iter(match="batchery:webhooks:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.fixture
+def trickle() -> Iterator[Callable[[], TrickleReceiver]]:
+    """Start trickling receivers; all are stopped after the test."""
+    started: list[TrickleReceiver] = []
+
+    def start() -> TrickleReceiver:
+        server = TrickleReceiver()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture

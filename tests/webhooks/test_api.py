@@ -40,6 +40,10 @@ def _refusal(response: Any, field: str) -> str:
         ("http://10.1.2.3/hook", "private"),
         ("http://[::ffff:127.0.0.1]/hook", "loopback"),
         ("http://100.64.0.1/hook", "non-public"),
+        # IPv6 forms that carry an IPv4 address are judged by it (NAT64, 6to4, IPv4-compatible).
+        ("http://[64:ff9b::169.254.169.254]/latest/meta-data/", "link-local"),
+        ("http://[2002:7f00:1::1]/hook", "loopback"),
+        ("http://[::10.1.2.3]/hook", "private"),
     ],
 )
 def test_a_url_that_resolves_to_a_non_public_address_is_refused_at_registration(
@@ -81,6 +85,21 @@ def test_an_endpoint_is_created_with_its_secret_shown_once(admin: Caller, settin
     # A public address needs no allow-list; leaving the event types out subscribes to all of them.
     public = admin.client.post(URL, {"url": "https://93.184.215.14/hook"}, format="json")
     assert public.status_code == 201 and public.json()["event_types"] == list(EVENT_TYPES)
+
+
+def test_an_endpoint_past_the_tenants_cap_is_refused_naming_the_limit(
+    admin: Caller, caller: Callable[..., Caller], settings: Any
+) -> None:
+    settings.BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 2
+    for number in range(2):
+        created = admin.client.post(URL, {"url": f"https://93.184.215.14/hook{number}"}, format="json")
+        assert created.status_code == 201, created.content
+    message = _refusal(admin.client.post(URL, {"url": "https://93.184.215.14/hook2"}, format="json"), "url")
+    assert "BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT=2" in message
+    assert WebhookEndpoint.objects.count() == 2
+    # Another tenant's endpoints are counted apart.
+    other = caller("globex", Membership.Role.ADMIN)
+    assert other.client.post(URL, {"url": "https://93.184.215.14/hook"}, format="json").status_code == 201
 
 
 def test_deliveries_are_listed_with_their_attempts_and_other_tenants_see_nothing(

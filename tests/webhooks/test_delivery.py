@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from portal.audit.models import AuditEntry
 from portal.tenancy.models import Tenant
-from portal.webhooks.models import DeliveryStatus, WebhookDelivery
+from portal.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
 from portal.webhooks.services.delivery import webhook_deliver, webhook_deliveries_overdue
 from portal.webhooks.services.endpoints import webhook_endpoint_set_enabled
 from portal.webhooks.services.events import webhook_event_emit
-from tests.webhooks.conftest import Receiver, endpoint_for
+from tests.factories import TenantFactory
+from tests.webhooks.conftest import Receiver, TrickleReceiver, endpoint_for
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 
@@ -177,3 +181,93 @@ def test_the_sweep_finds_pending_deliveries_whose_message_was_lost(acme: Tenant,
     WebhookDelivery.objects.filter(pk=lost.pk).update(next_attempt_at=timezone.now() - dt.timedelta(minutes=2))
     assert webhook_deliveries_overdue() == [lost.pk]
     assert fresh.pk not in webhook_deliveries_overdue()
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_at_the_attempts_deadline(
+    acme: Tenant, webhook_settings: Any, trickle: Callable[[], TrickleReceiver]
+) -> None:
+    """One byte a second never trips the per-read timeout; the attempt's deadline ends it all the same."""
+    webhook_settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = 1.5
+    server = trickle()
+    endpoint_for(acme, server.url())
+    delivery = _emit(acme)
+
+    started = time.monotonic()
+    assert webhook_deliver(delivery_id=delivery.pk) == 0.05  # failed: the first retry's delay
+    took = time.monotonic() - started
+
+    assert 1.4 < took < 4.0, took
+    delivery.refresh_from_db()
+    assert delivery.last_status_code is None and "BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S" in delivery.last_error
+    [attempt] = delivery.attempts.all()
+    assert attempt.duration_ms < 4000 and "deadline of 1.5 s" in attempt.error
+
+
+@pytest.mark.django_db(transaction=True)  # the attempt in flight runs in a thread of its own
+def test_a_tenant_over_its_places_in_flight_waits_while_another_tenant_is_delivered(
+    acme: Tenant, webhook_settings: Any, trickle: Callable[[], TrickleReceiver], receiver: Callable[..., Receiver]
+) -> None:
+    webhook_settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = 3.0
+    webhook_settings.BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT = 1
+    slow, fast = trickle(), receiver()
+    endpoint_for(acme, slow.url())
+    first, second = _emit(acme), _emit(acme)
+    other = TenantFactory(name="globex")
+    endpoint_for(other, fast.url)
+    theirs = _emit(other)
+
+    def deliver_first() -> None:
+        try:
+            webhook_deliver(delivery_id=first.pk)
+        finally:
+            connection.close()
+
+    in_flight = threading.Thread(target=deliver_first)
+    in_flight.start()
+    try:
+        slow.wait_for_connections(1)
+        # The same delivery sent again while its attempt runs, and the tenant's next one: neither is tried.
+        assert webhook_deliver(delivery_id=first.pk) is None
+        assert webhook_deliver(delivery_id=second.pk) is None
+        # Another tenant is not held up.
+        assert webhook_deliver(delivery_id=theirs.pk) is None and len(fast.requests()) == 1
+        assert in_flight.is_alive(), "the slow attempt should still be trickling"
+    finally:
+        in_flight.join(timeout=10)
+    assert slow.connections == 1
+    first.refresh_from_db()
+    second.refresh_from_db()
+    theirs.refresh_from_db()
+    assert (first.attempt_count, second.attempt_count) == (1, 0)
+    assert (second.status, second.next_attempt_at <= timezone.now()) == (DeliveryStatus.PENDING, True)
+    assert theirs.status == DeliveryStatus.DELIVERED
+    # Once the slow attempt has given its place back, the waiting delivery is tried.
+    webhook_deliver(delivery_id=second.pk)
+    assert slow.connections == 2
+
+
+def test_failed_attempts_log_and_store_the_url_redacted(
+    acme: Tenant, webhook_settings: Any, receiver: Callable[..., Receiver], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = receiver(500)
+    token_url = f"http://127.0.0.1:{server.port}/hooks/tok-SECRET1?key=SECRET2"
+    endpoint_for(acme, token_url)
+    # And one whose connection fails, with the token in its path.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    endpoint_for(acme, f"http://127.0.0.1:{closed_port}/hooks/tok-SECRET3")
+    deliveries = webhook_event_emit(tenant_id=acme.pk, event_type="job.completed", data={"id": "job-1"})
+
+    with caplog.at_level("INFO"):
+        for delivery in deliveries:
+            webhook_deliver(delivery_id=delivery.pk)
+
+    logged = caplog.text
+    assert f"http://127.0.0.1:{server.port}/…" in logged and f"http://127.0.0.1:{closed_port}/…" in logged
+    stored = [delivery.last_error for delivery in WebhookDelivery.objects.all()]
+    stored += list(WebhookAttempt.objects.values_list("error", flat=True))
+    stored += list(AuditEntry.objects.values_list("summary", flat=True))
+    for text in [logged, *stored]:
+        assert "SECRET" not in text, text

@@ -1,5 +1,6 @@
-"""Webhooks end to end through the real control worker: a job's ending is committed here, the worker
-finalizes the batch, emits the event and delivers it (again, after a delay, when the receiver fails)."""
+"""Webhooks end to end through the real workers: a job's ending is committed here, the control worker
+finalizes the batch and emits the event, the webhooks worker delivers it (again, after a delay, when the
+receiver fails); a slow receiver delays only its own tenant's deliveries."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.
 
 
 @pytest.fixture
-def control_worker(pipeline_workers: dict[str, WorkerProcess]) -> WorkerProcess:
-    """The session's control worker, which delivers to 127.0.0.1 and retries fast (`tests/conftest.py`):
-    a worker of this module's own would share the control queue with it, which would take deliveries."""
-    return pipeline_workers["control"]
+def webhooks_worker(pipeline_workers: dict[str, WorkerProcess]) -> WorkerProcess:
+    """The session's webhooks worker, which delivers to 127.0.0.1 and retries fast (`tests/conftest.py`):
+    a worker of this module's own would share the webhooks queue with it, which would take deliveries."""
+    return pipeline_workers["webhooks"]
 
 
 def _end(job: Job) -> None:
@@ -47,7 +48,7 @@ def _settled(delivery_filter: dict[str, Any], worker: WorkerProcess, timeout_s: 
 
 
 def test_a_receiver_on_127_0_0_1_gets_batch_completed_once_signed(
-    control_worker: WorkerProcess, acme: Tenant, minilm: Any, settings: Any, receiver: Callable[..., Receiver]
+    webhooks_worker: WorkerProcess, acme: Tenant, minilm: Any, settings: Any, receiver: Callable[..., Receiver]
 ) -> None:
     settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
     server = receiver()
@@ -66,7 +67,7 @@ def test_a_receiver_on_127_0_0_1_gets_batch_completed_once_signed(
     [request] = server.wait_for(1)
     event = Webhook(endpoint.secret).verify(request.body, request.headers)
     assert (event["type"], event["data"], event["object"]) == ("batch.completed", {"id": batch.id}, "event")
-    delivery = _settled({"event_id": event["id"]}, control_worker)
+    delivery = _settled({"event_id": event["id"]}, webhooks_worker)
     assert (delivery.status, delivery.attempt_count) == (DeliveryStatus.DELIVERED, 1)
     batch.refresh_from_db()
     assert batch.finalized_at is not None
@@ -75,7 +76,7 @@ def test_a_receiver_on_127_0_0_1_gets_batch_completed_once_signed(
 
 
 def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt(
-    control_worker: WorkerProcess, acme: Tenant, minilm: Any, settings: Any, receiver: Callable[..., Receiver]
+    webhooks_worker: WorkerProcess, acme: Tenant, minilm: Any, settings: Any, receiver: Callable[..., Receiver]
 ) -> None:
     settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
     server = receiver(500, 502)
@@ -87,7 +88,7 @@ def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt(
     events = [Webhook(endpoint.secret).verify(request.body, request.headers) for request in requests]
     assert {event["id"] for event in events} == {events[0]["id"]}
     assert events[0]["type"] == "job.completed" and events[0]["data"]["id"] == str(job.pk)
-    delivery = _settled({"event_id": events[0]["id"]}, control_worker)
+    delivery = _settled({"event_id": events[0]["id"]}, webhooks_worker)
     assert delivery.status == DeliveryStatus.DELIVERED
     assert list(delivery.attempts.values_list("number", "status_code")) == [(1, 500), (2, 502), (3, 200)]
     assert len(server.requests()) == 3

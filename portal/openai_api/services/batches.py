@@ -1,5 +1,5 @@
-"""`/v1/batches`: a batch is checked and converted into a Batchery job (a large input file by a control
-task, `validation.py`), cancelled through it, and finalized into OpenAI's output and error files once
+"""`/v1/batches`: a batch is checked and converted into a Batchery job (a large input file by a task on
+the validation queue, `validation.py`), cancelled through it, and finalized into OpenAI's output and error files once
 the job has ended."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.jobs.models import Job
-from portal.jobs.quota import QuotaExceeded
+from portal.jobs.quota import QuotaExceeded, quota_hold_pending
 from portal.jobs.requests import SubmissionError
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.openai_api.formats.endpoints import UnsupportedEndpoint, endpoint_for
@@ -97,11 +97,13 @@ def batch_create(
     """Check the request and start validating the input file. A file up to
     `BATCHERY_BATCH_SYNC_VALIDATION_BYTES` is validated here: its job is started, or a file with bad
     lines gives a batch that has `failed`. A larger one gives a batch that reads `validating` while the
-    control task `batchery.validate_batch` validates it. Its output and error files expire as
+    task `batchery.validate_batch` validates it (on the `validation` queue); while it does, it counts
+    against the tenant's `max_concurrent_jobs`. Its output and error files expire as
     `output_expires_after` (OpenAI's policy) says.
 
     Raises `BatchRefused` for an invalid request, `QuotaExceeded` when a quota refuses the job of a file
-    validated here (for a larger file, the batch fails with the quota's error instead).
+    validated here or `max_concurrent_jobs` has no room for a larger file's validation (a quota that
+    refuses its job once validated fails the batch with the quota's error instead).
     """
     try:
         endpoint_for(endpoint)
@@ -129,8 +131,15 @@ def batch_create(
     )
     if source_file.bytes > settings.BATCHERY_BATCH_SYNC_VALIDATION_BYTES:
         # Converting a large file takes longer than a request may: the batch is saved without a job
-        # (`validating`) and the control queue validates it; the reconciler resends a lost message.
+        # (`validating`) and the validation queue validates it; the reconciler resends a lost message.
+        # A batch validating counts as a job under max_concurrent_jobs: one file posted a thousand times
+        # queues no more validations than the tenant may run jobs.
         with transaction.atomic():
+            quota_hold_pending(
+                tenant,
+                pending=lambda: Batch.objects.filter(VALIDATING, tenant=tenant).count(),
+                what="batches validating",
+            )
             batch.save()
             transaction.on_commit(partial(_send_validation, batch.id))
         return batch

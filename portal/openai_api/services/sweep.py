@@ -14,7 +14,7 @@ from portal.openai_api.services.expiry import files_expire
 from portal.openai_api.services.validation import batches_validation_stalled, validation_lease_key, validation_task_id
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
-from tasks.shared.config import CONTROL_QUEUE
+from tasks.shared.config import VALIDATION_QUEUE
 from tasks.shared.leases import lease_holder
 
 logger = logging.getLogger(__name__)
@@ -39,12 +39,12 @@ def batches_sweep(*, now: dt.datetime) -> BatchesSweepReport:
 def batches_validation_resend(*, now: dt.datetime) -> int:
     """Send validation again for batches left `validating`: their message was never sent (broker down at
     the create's commit) or its worker died. A redelivery alone would not do: Redis gives an unacknowledged
-    message back only after the visibility timeout, an hour, and never one that was not sent. The control
+    message back only after the visibility timeout, an hour, and never one that was not sent. The validation
     queue is read (whole) only if a batch needs it, and at most once."""
 
     @functools.cache
     def queued() -> BrokerView | None:
-        return pending_task_ids({CONTROL_QUEUE})
+        return pending_task_ids({VALIDATION_QUEUE})
 
     resent = 0
     for batch_id in batches_validation_stalled(now=now):

@@ -2,7 +2,8 @@
 input, then the job submitted.
 
 A small file is validated within the create request (`batch_create`); a larger one by the
-`batchery.validate_batch` control task (`batch_validate`), while the batch reads `validating`. There a
+`batchery.validate_batch` task on the `validation` queue (`batch_validate`), while the batch reads
+`validating` (and counts against the tenant's `max_concurrent_jobs`, see `batch_create`). There a
 refusal that the request would have answered with an HTTP error (bad lines, a quota, a refused
 submission) ends the batch `failed` with OpenAI's `errors.data` instead, as OpenAI's own batches do.
 """
@@ -164,7 +165,7 @@ def _remaining_window_s(batch: Batch, now: dt.datetime) -> float:
 
 
 def batch_validate(*, batch_id: str, worker: str = "") -> bool:
-    """Validate a batch that reads `validating` (the control task's side of `batch_create`): submit its job,
+    """Validate a batch that reads `validating` (the validation task's side of `batch_create`): submit its job,
     or end it `failed` with line-numbered `errors`. True if this call settled it.
 
     A second run, redelivered or sent again by the reconciler, does nothing: one holding the lease

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, tenant_view
 from portal.web.forms import WebhookEndpointForm
+from portal.webhooks.destinations import url_redacted
 from portal.webhooks.models import EVENT_TYPES, WebhookEndpoint
 from portal.webhooks.selectors import webhook_deliveries, webhook_endpoints
 from portal.webhooks.services.endpoints import WebhookRefused, webhook_endpoint_create, webhook_endpoint_delete
@@ -57,5 +58,5 @@ def webhooks(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 def webhook_delete(request: HttpRequest, portal: PortalAccess, endpoint_id: int) -> HttpResponse:
     endpoint = get_object_or_404(webhook_endpoints(tenant=portal.tenant), pk=endpoint_id)
     webhook_endpoint_delete(endpoint=endpoint, actor=_actor(request))
-    messages.success(request, f"Endpoint {endpoint.url} removed; it gets no more events.")
+    messages.success(request, f"Endpoint {url_redacted(endpoint.url)} removed; it gets no more events.")
     return redirect("web:webhooks")

@@ -1,5 +1,12 @@
-"""Sending a delivery: claim it, check where it goes, POST it signed, record the attempt, and say when
-to try again (`BATCHERY_WEBHOOK_RETRY_DELAYS_S`) or give up.
+"""Sending a delivery (on the `webhooks` queue, never the control one): take one of its tenant's places in
+flight, claim it, check where it goes, POST it signed within the attempt's deadline, record the attempt,
+and say when to try again (`BATCHERY_WEBHOOK_RETRY_DELAYS_S`) or give up.
+
+The claim is the attempt's lease: it moves `next_attempt_at` past the attempt's deadline and a margin,
+so a message sent again or redelivered while the attempt runs finds it not due and does nothing. A
+tenant whose places (`BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT`) are all taken has its further
+deliveries wait, due and unclaimed: each attempt that ends sends the tenant's waiting ones as places
+free, and the sweep those whose message was lost. URLs reach logs and stored errors redacted (`url_redacted`).
 
 Signed as Standard Webhooks says (https://www.standardwebhooks.com/): `webhook-id` (the event's id, the
 same on every attempt), `webhook-timestamp` and `webhook-signature`, made by the `standardwebhooks`
@@ -12,23 +19,34 @@ import datetime as dt
 import json
 import logging
 import time
+import traceback
 from dataclasses import dataclass
 
-import httpx
+import httpcore
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from portal.webhooks.destinations import Destination, DestinationRefused, DestinationUnresolved, destination_check
+from portal.webhooks.destinations import (
+    Destination,
+    DestinationRefused,
+    DestinationUnresolved,
+    destination_check,
+    text_redacted,
+    url_redacted,
+)
+from portal.webhooks.http import DeadlinePassed, post_status
+from portal.webhooks.in_flight import Place, in_flight_release, in_flight_take
 from portal.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
+from tasks import send
 
 logger = logging.getLogger(__name__)
 
 USER_AGENT = "Batchery-Webhooks/1"
-# An attempt holds its claim for its timeout of each step (httpx times connect, write and read
-# apart) and a margin; a sender that died holds it no longer.
+# An attempt holds its claim (and its place in flight) for its deadline and a margin, which covers
+# resolving the host and recording; a sender that died holds them no longer.
 CLAIM_MARGIN = dt.timedelta(seconds=30)
 # The sweep sends pending deliveries this late: their own message was lost (or Redis was).
 SWEEP_GRACE = dt.timedelta(seconds=60)
@@ -52,31 +70,71 @@ class Outcome:
 
 def webhook_deliver(*, delivery_id: int) -> float | None:
     """Make the next attempt of a delivery that is due; return the seconds until the one after, or
-    None when there is none (delivered, given up, not due, or taken by another sender)."""
-    now = timezone.now()
-    timeout = settings.BATCHERY_WEBHOOK_TIMEOUT_S
-    claimed = WebhookDelivery.objects.filter(
-        pk=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
-    ).update(
-        attempt_count=F("attempt_count") + 1, next_attempt_at=now + dt.timedelta(seconds=3 * timeout) + CLAIM_MARGIN
-    )
-    if not claimed:
-        logger.info("webhook delivery %s not due or not pending: nothing to send", delivery_id)
-        return None
+    None when there is none (delivered, given up, not due, waiting for a place, or taken by another sender)."""
     delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
-    if delivery is None:
-        return None  # removed with its endpoint since the claim
+    if delivery is None or delivery.status != DeliveryStatus.PENDING:
+        logger.info("webhook delivery %s not pending: nothing to send", delivery_id)
+        return None
+    tenant_id = delivery.endpoint.tenant_id
+    lease = dt.timedelta(seconds=settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S) + CLAIM_MARGIN
+    cap = settings.BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT
+    place = in_flight_take(tenant_id=tenant_id, delivery_id=delivery_id, life_s=lease.total_seconds(), cap=cap)
+    if place is Place.HELD:
+        logger.info("webhook delivery %s has an attempt in flight: nothing to send", delivery_id)
+        return None
+    if place is Place.FULL:
+        # Left due and unclaimed, noted as waiting: the tenant's next attempt to end sends it (`_wake_waiting`).
+        logger.info(
+            "webhook delivery %s waits: tenant %s has its %d attempts in flight "
+            "(BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT)",
+            delivery_id,
+            tenant_id,
+            cap,
+        )
+        return None
+    try:
+        return _claimed_attempt(delivery, lease=lease)
+    finally:
+        _wake_waiting(tenant_id=tenant_id, delivery_id=delivery_id, cap=cap)
+
+
+def _wake_waiting(*, tenant_id: int, delivery_id: int, cap: int) -> None:
+    """Give the attempt's place back and send the tenant's deliveries that waited for one."""
+    try:
+        for waiting in in_flight_release(tenant_id=tenant_id, delivery_id=delivery_id, cap=cap):
+            send.send_webhook_delivery(waiting)
+    except Exception:
+        # The place lapses by itself; the sweep sends the waiting deliveries.
+        logger.warning("tenant %s: waiting webhook deliveries not sent; the sweep sends them", tenant_id, exc_info=True)
+
+
+def _claimed_attempt(delivery: WebhookDelivery, *, lease: dt.timedelta) -> float | None:
+    now = timezone.now()
+    claimed = WebhookDelivery.objects.filter(
+        pk=delivery.pk, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
+    ).update(attempt_count=F("attempt_count") + 1, next_attempt_at=now + lease)
+    if not claimed:
+        logger.info("webhook delivery %s not due or not pending: nothing to send", delivery.pk)
+        return None
+    delivery.refresh_from_db(fields=["attempt_count"])
     started = time.monotonic()
     try:
-        outcome = _attempt(delivery, timeout=timeout)
+        outcome = _attempt(delivery)
     except Exception as exc:
-        # Counted as a failed attempt, so that even an unforeseen failure ends the delivery in time.
-        logger.exception("webhook delivery %s: the attempt failed unexpectedly", delivery_id)
-        outcome = Outcome(status_code=None, error=f"{type(exc).__name__}: {exc}")
+        # Counted as a failed attempt, so that even an unforeseen failure ends the delivery in time. Its
+        # message may quote the URL: logged redacted, with the traceback's frames.
+        error = text_redacted(f"{type(exc).__name__}: {exc}", delivery.endpoint.url)
+        logger.error(
+            "webhook delivery %s: the attempt failed unexpectedly: %s\n%s",
+            delivery.pk,
+            error,
+            "".join(traceback.format_tb(exc.__traceback__)),
+        )
+        outcome = Outcome(status_code=None, error=error)
     return _record(delivery, outcome, started_at=now, duration_s=time.monotonic() - started)
 
 
-def _attempt(delivery: WebhookDelivery, *, timeout: float) -> Outcome:
+def _attempt(delivery: WebhookDelivery) -> Outcome:
     if not delivery.endpoint.enabled:
         return Outcome(status_code=None, error="the endpoint is disabled", permanent=True)
     try:
@@ -86,12 +144,22 @@ def _attempt(delivery: WebhookDelivery, *, timeout: float) -> Outcome:
         return Outcome(status_code=None, error=f"refused: {exc}", permanent=True)
     except DestinationUnresolved as exc:
         return Outcome(status_code=None, error=str(exc))
+    timeout = settings.BATCHERY_WEBHOOK_TIMEOUT_S
+    deadline = settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S
+    started = time.monotonic()
     try:
-        status_code = _post(delivery, destination, timeout=timeout)
-    except httpx.TimeoutException:
+        status_code = _post(delivery, destination, timeout=timeout, deadline=deadline)
+    except httpcore.TimeoutException as exc:
+        if isinstance(exc, DeadlinePassed) or time.monotonic() - started >= deadline:
+            return Outcome(
+                status_code=None,
+                error=f"no full answer within the attempt's deadline of {deadline:g} s "
+                "(BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S)",
+            )
         return Outcome(status_code=None, error=f"no answer within {timeout:g} s")
-    except httpx.HTTPError as exc:
-        return Outcome(status_code=None, error=f"{type(exc).__name__}: {exc}")
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        return Outcome(status_code=None, error=text_redacted(error, destination.url, delivery.endpoint.url))
     if 300 <= status_code < 400:
         return Outcome(
             status_code=status_code, error=f"the receiver answered {status_code}; redirects are not followed"
@@ -101,7 +169,7 @@ def _attempt(delivery: WebhookDelivery, *, timeout: float) -> Outcome:
     return Outcome(status_code=status_code, error="")
 
 
-def _post(delivery: WebhookDelivery, destination: Destination, *, timeout: float) -> int:
+def _post(delivery: WebhookDelivery, destination: Destination, *, timeout: float, deadline: float) -> int:
     body = json.dumps(delivery.payload, separators=(",", ":"))
     sent_at = dt.datetime.now(dt.UTC)
     headers = {
@@ -112,15 +180,13 @@ def _post(delivery: WebhookDelivery, destination: Destination, *, timeout: float
         "webhook-timestamp": str(int(sent_at.timestamp())),
         "webhook-signature": Webhook(delivery.endpoint.secret).sign(delivery.event_id, sent_at, body),
     }
-    # The request goes to the checked address; TLS still names (and checks the certificate of) the host.
-    extensions = {"sni_hostname": destination.server_name} if destination.url.startswith("https:") else {}
-    # No proxies from the environment: a proxy would resolve the name itself, past the check.
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-        request = client.build_request("POST", destination.url, content=body, headers=headers, extensions=extensions)
-        # Only the status matters; the body is not read, however large a receiver makes it.
-        response = client.send(request, stream=True)
-        response.close()
-    return response.status_code
+    return post_status(
+        destination,
+        body=body.encode(),
+        headers=list(headers.items()),
+        step_timeout_s=timeout,
+        deadline_s=deadline,
+    )
 
 
 def _record(delivery: WebhookDelivery, outcome: Outcome, *, started_at: dt.datetime, duration_s: float) -> float | None:
@@ -155,7 +221,7 @@ def _record(delivery: WebhookDelivery, outcome: Outcome, *, started_at: dt.datet
             "webhook delivery %s attempt %d to %s failed: %s; %s",
             delivery.pk,
             number,
-            delivery.endpoint.url,
+            url_redacted(delivery.endpoint.url),
             outcome.error,
             "given up" if retry_in is None else f"next attempt in {retry_in:g} s",
         )

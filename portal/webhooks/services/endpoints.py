@@ -12,7 +12,7 @@ from django.db import transaction
 
 from portal.audit.services import audit_record
 from portal.tenancy.models import Tenant
-from portal.webhooks.destinations import DestinationRefused, DestinationUnresolved, destination_check
+from portal.webhooks.destinations import DestinationRefused, DestinationUnresolved, destination_check, url_redacted
 from portal.webhooks.models import EVENT_TYPES, WebhookEndpoint
 
 MAX_URL_CHARS = 2000
@@ -37,8 +37,9 @@ def webhook_endpoint_create(
     *, tenant: Tenant, url: str, event_types: Sequence[str] | None = None, actor: User | None = None
 ) -> WebhookEndpoint:
     """Register an endpoint for `event_types` (all of them when None); its secret is on the returned
-    object, to be shown this once. Raises `WebhookRefused` for an unknown event type or a URL that
-    may not be delivered to (see `portal.webhooks.destinations`)."""
+    object, to be shown this once. Raises `WebhookRefused` for an unknown event type, a URL that
+    may not be delivered to (see `portal.webhooks.destinations`), or a tenant that has as many
+    endpoints as `BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT` allows."""
     url = url.strip()
     chosen = list(EVENT_TYPES) if event_types is None else list(dict.fromkeys(event_types))
     unknown = [name for name in chosen if name not in EVENT_TYPES]
@@ -53,6 +54,15 @@ def webhook_endpoint_create(
     except (DestinationRefused, DestinationUnresolved) as exc:
         raise WebhookRefused(str(exc), field="url") from None
     with transaction.atomic():
+        # The tenant's row locked: two registrations at once cannot both take the last place.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        limit = settings.BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT
+        if WebhookEndpoint.objects.filter(tenant=tenant).count() >= limit:
+            raise WebhookRefused(
+                f"this tenant has {limit} webhook endpoints, the most it may have "
+                f"(BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT={limit}); remove one first",
+                field="url",
+            )
         endpoint = WebhookEndpoint.objects.create(
             tenant=tenant, url=url, secret=_new_secret(), event_types=chosen, created_by=actor
         )
@@ -61,7 +71,7 @@ def webhook_endpoint_create(
             action="webhook.created",
             target=endpoint,
             tenant=tenant,
-            summary=f"webhook endpoint {url} registered for {', '.join(chosen)}",
+            summary=f"webhook endpoint {url_redacted(url)} registered for {', '.join(chosen)}",
         )
     return endpoint
 
@@ -76,7 +86,7 @@ def webhook_endpoint_set_enabled(*, endpoint: WebhookEndpoint, enabled: bool, ac
                 action="webhook.enabled" if enabled else "webhook.disabled",
                 target=endpoint,
                 tenant=endpoint.tenant,
-                summary=f"webhook endpoint {endpoint.url} {'enabled' if enabled else 'disabled'}",
+                summary=f"webhook endpoint {url_redacted(endpoint.url)} {'enabled' if enabled else 'disabled'}",
                 changes={"enabled": [not enabled, enabled]},
             )
     endpoint.enabled = enabled
@@ -91,6 +101,6 @@ def webhook_endpoint_delete(*, endpoint: WebhookEndpoint, actor: User | None = N
             action="webhook.deleted",
             target=endpoint,
             tenant=endpoint.tenant,
-            summary=f"webhook endpoint {endpoint.url} removed",
+            summary=f"webhook endpoint {url_redacted(endpoint.url)} removed",
         )
         endpoint.delete()
