@@ -28,8 +28,13 @@ RESULTS: list[AbuseResult] = []
 ABUSE_ENV = {
     "DJANGO_SETTINGS_MODULE": "portal.settings",
     "BATCHERY_RECONCILE_INTERVAL_S": "2",
-    # Receivers of the webhook attacks listen on 127.0.0.1.
+    # Receivers of the webhook attacks listen on 127.0.0.1; a trickling one is cut sooner than by default.
     "BATCHERY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    "BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S": "5",
+    "BATCHERY_WEBHOOK_RETRY_DELAYS_S": "1,1",
+    "BATCHERY_WEBHOOK_MAX_ENDPOINTS_PER_TENANT": "5",
+    # Batch files past this are validated by the validation worker, not in the request.
+    "BATCHERY_BATCH_SYNC_VALIDATION_BYTES": "1024",
     # Low enough for an attack to cross it with a small input.
     "BATCHERY_MAX_SHARDS_PER_JOB": "100",
     # Guessed keys: the attack crosses it; the tests of keys that must answer 401 stay under it.

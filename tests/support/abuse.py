@@ -34,8 +34,9 @@ VICTIM_DEADLINE_S = 10.0
 """The issue's promise: another tenant's three-record job ends within this of its submission."""
 MODEL = "all-MiniLM-L6-v2"
 
-LANES: tuple[str, ...] = ()
-"""Queues other than control and the slot's that get a worker of their own."""
+LANES: tuple[tuple[str, int], ...] = (("webhooks", 4), ("validation", 1))
+"""Queues other than control and the slot's that get a worker of their own, and its concurrency (the
+webhooks worker's above a tenant's in-flight cap, so that one tenant cannot take all its processes)."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,10 @@ class AbuseStack(ChaosStack):
         return self.data_dir / "tmp"
 
     def start_lanes(self) -> None:
-        for queue in LANES:
-            self.workers[queue] = start_worker(queue, queue, env=self.env, log_dir=self.log_dir)
+        for queue, concurrency in LANES:
+            self.workers[queue] = start_worker(
+                queue, queue, env=self.env, log_dir=self.log_dir, concurrency=concurrency
+            )
 
     def start_portal(self, workers: int = 2) -> None:
         port = free_port()
