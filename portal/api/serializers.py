@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from portal.catalog.models import Model
 from portal.execution.decayed_usage import usage_by_class
-from portal.jobs.input_display import tenant_input_uri
+from portal.jobs.input_display import tenant_input_uri, tenant_job_error
 from portal.jobs.models import Job, JobUsage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
@@ -46,6 +46,7 @@ _PK_TEXT = str(_PK_PLACEHOLDER)
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
     model_version = serializers.CharField(source="model.version", read_only=True)
+    error = serializers.SerializerMethodField()
     input_uri = serializers.SerializerMethodField(
         help_text="The input as given, or `upload://<name>` for an upload: never the platform's storage root."
     )
@@ -100,7 +101,7 @@ class JobSerializer(serializers.ModelSerializer):
         return {
             "id": pk,
             "status": job.status,
-            "error": job.error,
+            "error": tenant_job_error(job),
             "model": job.model.name,
             "model_version": job.model.version,
             "input_uri": tenant_input_uri(job),
@@ -128,6 +129,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_input_uri(self, job: Job) -> str:
         return tenant_input_uri(job)
+
+    def get_error(self, job: Job) -> str:
+        return tenant_job_error(job)
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:

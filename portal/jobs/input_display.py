@@ -3,8 +3,9 @@
 Uploads are stored under the platform's storage (BATCHERY_STORAGE_URL, `uploads/<tenant>/`), and an
 OpenAI batch's converted input under `batches/<id>/`; the whole URI would show tenants the
 platform's bucket and layout. Inputs the platform stored are shown relative to it (`upload://<name>`
-for an upload, `batchery://<path>` for the rest); an input the tenant named (their own `s3://` URI,
-a `file://` path under an input root) is shown as given. Operators see the stored URI in the admin.
+for an upload, which a submission accepts back as its input, `batchery://<path>` for the rest); an
+input the tenant named (their own `s3://` URI, a `file://` path under an input root) is shown as
+given. Operators see the stored URI in the admin.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from __future__ import annotations
 from django.conf import settings
 
 from portal.jobs.models import Job
-from portal.jobs.services.uploads import uploads_root
+from portal.jobs.services.uploads import UPLOAD_SCHEME, hide_storage_root, uploads_root
 
-UPLOAD_SCHEME = "upload://"
 STORED_SCHEME = "batchery://"
 
 
@@ -38,3 +38,8 @@ def shown_input_uri(uri: str, *, tenant_id: int) -> str:
 def tenant_input_uri(job: Job) -> str:
     """The job's input as its tenant's pages and API show it."""
     return shown_input_uri(job.input_uri, tenant_id=job.tenant_id)
+
+
+def tenant_job_error(job: Job) -> str:
+    """The job's error as its tenant sees it: a storage error's URIs without the platform's storage root."""
+    return hide_storage_root(job.error)

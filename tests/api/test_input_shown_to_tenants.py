@@ -95,3 +95,48 @@ def test_the_display_rule_keeps_to_path_boundaries(settings: Any) -> None:
     )
     assert shown_input_uri("file:///data/in.jsonl", tenant_id=7) == "file:///data/in.jsonl"
     assert shown_input_uri("s3://tenant-bucket/x.jsonl", tenant_id=7) == "s3://tenant-bucket/x.jsonl"
+
+
+def test_the_shown_upload_name_is_accepted_back_as_an_input_and_reaches_no_other_tenants_uploads(
+    caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path]
+) -> None:
+    alice, mallory = caller("acme"), caller("globex")
+    first = _uploaded_job(alice, minilm, write_jsonl(RECORDS))
+    shown = alice.client.get(f"/api/v1/jobs/{first.pk}/").json()["input_uri"]
+
+    again = alice.client.post("/api/v1/jobs/", {"model": minilm.name, "input_uri": shown}, format="json")
+
+    assert again.status_code == 201, again.json()
+    assert again.json()["input_uri"] == shown
+    assert Job.objects.get(pk=again.json()["id"]).input_uri == first.input_uri
+    # Another tenant naming it reads from their own uploads, where it is not.
+    stolen = mallory.client.post("/api/v1/jobs/", {"model": minilm.name, "input_uri": shown}, format="json")
+    assert stolen.status_code == 400 and stolen.json()["error"]["param"] == "input_uri"
+    for climbing in ("upload://../acme/x.jsonl", "upload://a/b.jsonl", "upload://.hidden", "upload://"):
+        refused = alice.client.post("/api/v1/jobs/", {"model": minilm.name, "input_uri": climbing}, format="json")
+        assert refused.status_code == 400, climbing
+        assert refused.json()["error"]["param"] == "input_uri"
+        assert "does not name an upload" in refused.json()["error"]["message"]
+    assert Job.objects.count() == 2
+
+
+def test_errors_name_stored_inputs_without_the_storage_root(
+    caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path]
+) -> None:
+    alice = caller("acme")
+    root = settings.BATCHERY_STORAGE_URL
+    missing = alice.client.post(
+        "/api/v1/jobs/", {"model": minilm.name, "input_uri": "upload://nothere.jsonl"}, format="json"
+    )
+    assert missing.status_code == 400
+    assert "upload://nothere.jsonl" in missing.json()["error"]["message"]
+    assert root not in missing.content.decode() and root.removeprefix("file://") not in missing.content.decode()
+    # A job the planner failed on its stored input: its error, in the API and on the page, hides the root too.
+    job = _uploaded_job(alice, minilm, write_jsonl(RECORDS))
+    Job.objects.filter(pk=job.pk).update(error=f"cannot read the input: no such object: {job.input_uri}")
+    detail = alice.client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert detail["error"] == f"cannot read the input: no such object: upload://{Path(job.input_uri).name}"
+    portal = Client()
+    portal.force_login(alice.user)
+    live = portal.get(f"/jobs/{job.pk}/live/").content.decode()
+    assert f"upload://{Path(job.input_uri).name}" in live and root not in live

@@ -32,6 +32,7 @@ from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import quota_check_model, quota_reserve
 from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
+from portal.jobs.services.uploads import hide_storage_root, stored_upload_uri
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks import send
@@ -96,7 +97,8 @@ def input_errors() -> Iterator[None]:
     except InputOptionsError as exc:
         raise SubmissionError(str(exc), field=exc.option) from None
     except StorageError as exc:
-        raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+        # A storage error names the stored URI: the tenant sees it without the platform's storage root.
+        raise SubmissionError(f"cannot read the input: {hide_storage_root(str(exc))}", field="input") from None
 
 
 def input_read(input_uri: str, *, input_field: str, options: InputOptions) -> tuple[int, JsonlCheck | None]:
@@ -285,7 +287,10 @@ def submission_request(
             f"not {request.deadline_seconds}",
             field="deadline_seconds",
         )
-    uri = normalize_input_uri(request.input_uri)
+    try:
+        uri = normalize_input_uri(stored_upload_uri(request.input_uri, tenant_id=tenant.pk))
+    except ValueError as exc:
+        raise SubmissionError(str(exc), field="input") from None
     if input_roots is not None and (refusal := input_refusal(uri, input_roots)):
         raise SubmissionError(refusal, field="input")
     return CheckedRequest(
