@@ -28,11 +28,18 @@ from portal.jobs.management.commands.submit import watch_job
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.services import tenant_get_or_create
+from tasks.shared.config import metrics_token
+
+
+def _request(url: str) -> urllib.request.Request:
+    """A scrape as Prometheus sends it: with the bearer token where the launcher asks for one."""
+    token = metrics_token()
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
 
 
 def _scrape(url: str) -> float:
     started = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(_request(url), timeout=10) as response:
         response.read()
     return time.perf_counter() - started
 
@@ -108,7 +115,7 @@ def scrape_p99(*, slots: int, count: int) -> tuple[float, float]:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
-                text = urllib.request.urlopen(url, timeout=5).read().decode()
+                text = urllib.request.urlopen(_request(url), timeout=5).read().decode()
             except OSError:
                 text = ""
             # Every slot's clock has written its files once its pool child started.

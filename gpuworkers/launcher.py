@@ -30,6 +30,7 @@ from gpuworkers.metrics_server import (
     sweep_dead_processes,
 )
 from gpuworkers.slots import Slot
+from tasks.shared.config import metrics_token
 
 logger = logging.getLogger("gpuworkers.launcher")
 
@@ -172,7 +173,7 @@ class Launcher:
         xids = XidWatcher(gpu for slot in self.slots for gpu in slot.gpus)
         xids.start()
         registry = metrics_registry(self.metrics_dir, self.slot_statuses, xids)
-        serve_metrics(registry, port=self.metrics.port, address=self.metrics.address)
+        serve_metrics(registry, port=self.metrics.port, address=self.metrics.address, token=metrics_token())
 
     def _sweep_metrics(self, now: float) -> None:
         if self.metrics_dir is None or now - self._last_sweep < DEAD_PROCESS_SWEEP_S:

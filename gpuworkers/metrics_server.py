@@ -10,10 +10,15 @@ What it serves, in one registry:
 - per slot, whether its worker process runs and how often the launcher restarted it;
 - vLLM's own statistics, re-exported under vLLM's names from the snapshots slots write
   (`gpuworkers.vllm_metrics`).
+
+With BATCHERY_METRICS_TOKEN set (every shipped deployment sets it), `/metrics` asks for
+`Authorization: Bearer <token>`, as the portal's does; `/healthz` answers `ok` to anyone, for the
+liveness probes, and tells nothing else.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import re
@@ -24,9 +29,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
@@ -309,15 +316,52 @@ class VllmCollector(Collector):
         yield from read_vllm_snapshots(self._path)
 
 
-def serve_metrics(registry: CollectorRegistry, *, port: int, address: str) -> bool:
-    """Serve `registry` on http://address:port/metrics from a thread; False (logged) if the port is taken.
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def guarded_app(app: WsgiApp, token: str) -> WsgiApp:
+    """`app` behind the bearer `token` (none: open), with an open `/healthz` beside it."""
+    expected = f"Bearer {token}".encode()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if token and not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+            return [b"a bearer token is required (BATCHERY_METRICS_TOKEN)\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per scrape, as prometheus_client's own server; they never hold the launcher's exit."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds are not news."""
+
+
+def serve_metrics(registry: CollectorRegistry, *, port: int, address: str, token: str = "") -> bool:
+    """Serve `registry` on http://address:port/metrics from a thread, behind `token` when one is set;
+    False (logged) if the port is taken.
 
     A port in use must not keep the host's GPUs from working; the scrape target shows it as down.
+    prometheus_client's `start_http_server` asks for no token, so its WSGI app is served here behind one.
     """
     try:
-        start_http_server(port, addr=address, registry=registry)
+        family = socket.getaddrinfo(address or None, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (_Server,), {"address_family": family})
+        app = guarded_app(make_wsgi_app(registry), token)
+        server: WSGIServer = make_server(address, port, app, server_class, handler_class=_QuietHandler)
     except OSError as exc:
         logger.error("metrics not served on %s:%d: %s", address, port, exc)
         return False
-    logger.info("metrics on http://%s:%d/metrics", address, port)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    logger.info("metrics on http://%s:%d/metrics%s", address, port, " (bearer token)" if token else "")
     return True

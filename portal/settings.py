@@ -13,7 +13,7 @@ from typing import Any
 
 import dj_database_url
 
-from tasks.shared.config import progress_redis_url, storage_url, var_dir
+from tasks.shared.config import metrics_token, progress_redis_url, storage_url, var_dir
 from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -197,10 +197,9 @@ LOGGING = {
 }
 
 # When set, the portal's /metrics asks for `Authorization: Bearer <token>` (Prometheus's
-# `authorization` scrape setting); unset, it answers anyone who reaches the portal.
-BATCHERY_METRICS_TOKEN = env_str(
-    "BATCHERY_METRICS_TOKEN", "", doc="Bearer token the portal's /metrics asks for; unset, it is open."
-)
+# `authorization` scrape setting); unset, it answers anyone who reaches the portal. Declared with the
+# launchers' (tasks.shared.config), which ask for the same token.
+BATCHERY_METRICS_TOKEN = metrics_token()
 
 # The scheduler (portal.execution.scheduler): tenants' GPU-seconds decay with this half-life, so
 # fair share looks at recent use; each live slot of a class gets this many shards in the broker at

@@ -202,11 +202,8 @@ class VllmEngine:
     def _sampling_params(self, kwargs: dict[str, Any], structured: dict[str, Any] | None) -> Any:
         if structured is None:
             return self._vllm.SamplingParams(**kwargs)
-        module = self._vllm.sampling_params
-        # vLLM 0.12 renamed guided decoding to structured outputs and removed the old names.
-        if hasattr(module, "StructuredOutputsParams"):
-            return self._vllm.SamplingParams(**kwargs, structured_outputs=module.StructuredOutputsParams(**structured))
-        return self._vllm.SamplingParams(**kwargs, guided_decoding=module.GuidedDecodingParams(**structured))
+        params = self._vllm.sampling_params.StructuredOutputsParams(**structured)
+        return self._vllm.SamplingParams(**kwargs, structured_outputs=params)
 
     def _with_tool_calls(self, response: dict[str, Any], calls: ToolCalls | None, request: Any) -> dict[str, Any]:
         """Each sample's reply read back as tool calls (``tool_calls``, finish_reason ``tool_calls``): by the

@@ -61,18 +61,12 @@ def read_auto_calls(sample: dict[str, Any], parser: Any, request: Any) -> None:
 
 
 def _parser_manager() -> Any:
-    # vLLM 0.12 moved the tool parsers out of its OpenAI server's package.
-    try:
-        from vllm.tool_parsers import ToolParserManager
-    except ImportError:
-        from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    from vllm.tool_parsers import ToolParserManager
+
     return ToolParserManager
 
 
 def _chat_request_class() -> Any:
-    # Later vLLM releases split the OpenAI server's protocol module by endpoint.
-    try:
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    except ImportError:
-        from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
     return ChatCompletionRequest

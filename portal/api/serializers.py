@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from portal.catalog.models import Model
 from portal.execution.decayed_usage import usage_by_class
+from portal.jobs.input_display import tenant_input_uri, tenant_job_error
 from portal.jobs.models import Job, JobUsage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
@@ -45,6 +46,10 @@ _PK_TEXT = str(_PK_PLACEHOLDER)
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
     model_version = serializers.CharField(source="model.version", read_only=True)
+    error = serializers.SerializerMethodField()
+    input_uri = serializers.SerializerMethodField(
+        help_text="The input as given, or `upload://<name>` for an upload: never the platform's storage root."
+    )
     progress = serializers.SerializerMethodField()
     output_url = serializers.SerializerMethodField()
     errors_url = serializers.SerializerMethodField()
@@ -96,10 +101,10 @@ class JobSerializer(serializers.ModelSerializer):
         return {
             "id": pk,
             "status": job.status,
-            "error": job.error,
+            "error": tenant_job_error(job),
             "model": job.model.name,
             "model_version": job.model.version,
-            "input_uri": job.input_uri,
+            "input_uri": tenant_input_uri(job),
             "input_bytes": job.input_bytes,
             "params": job.params,
             "input_format": job.input_format,
@@ -121,6 +126,12 @@ class JobSerializer(serializers.ModelSerializer):
             "started_at": None if job.started_at is None else when(job.started_at),
             "finished_at": None if job.finished_at is None else when(job.finished_at),
         }
+
+    def get_input_uri(self, job: Job) -> str:
+        return tenant_input_uri(job)
+
+    def get_error(self, job: Job) -> str:
+        return tenant_job_error(job)
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:

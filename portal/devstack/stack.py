@@ -19,6 +19,7 @@ from pathlib import Path
 from django.conf import settings
 
 from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
+from portal.ops.flower import AUTH_VARIABLE, basic_auth_configured, generated_credentials
 from tasks.app import app
 from tasks.shared.config import celery_settings
 
@@ -58,6 +59,8 @@ class Stack:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     redis: EmbeddedRedis | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    flower_login: tuple[str, str] | None = None
+    """The user and password `start` generated for Flower, for `up` to print once; None when configured."""
 
     def configure_services(self) -> None:
         """Start an embedded Redis when no broker is configured, and point this process at it."""
@@ -116,15 +119,23 @@ class Stack:
                 env=self._portal_env(),
             )  # fmt: skip
         if options.flower:
-            # Through the deployments' entry point (`python -m portal.ops.flower`, see portal/ops/flower.py),
-            # which checks the auth and passes FLOWER_BASIC_AUTH in the environment, never in `ps`.
-            # Loopback only: with no auth configured, its API is open to local users, read-only.
-            self._spawn(
-                "flower",
-                [python, "-m", "portal.ops.flower", "--address=127.0.0.1", f"--port={options.flower_port}"],
-            )
+            self._spawn_flower()
         if options.workers:
             self._spawn_workers()
+
+    def _spawn_flower(self) -> None:
+        """Flower on loopback through the deployments' entry point (portal/ops/flower.py), which refuses to
+        run without basic auth: with none configured, a generated password goes into Flower's environment
+        only (never its command line, nor the other processes' environment)."""
+        env = self.env
+        if not basic_auth_configured(env):
+            self.flower_login = generated_credentials()
+            env = {**env, AUTH_VARIABLE: ":".join(self.flower_login)}
+        self._spawn(
+            "flower",
+            [sys.executable, "-m", "portal.ops.flower", "--address=127.0.0.1", f"--port={self.options.flower_port}"],
+            env=env,
+        )
 
     def _spawn_workers(self) -> None:
         python, options = sys.executable, self.options

@@ -8,4 +8,4 @@ class OpsConfig(AppConfig):
     label = "ops"
 
     def ready(self) -> None:
-        from portal.ops import receivers  # noqa: F401  (connects the metrics' receivers)
+        from portal.ops import checks, receivers  # noqa: F401  (registers the deploy check, connects the metrics' receivers)

@@ -10,22 +10,23 @@ Rules:
 - Basic auth comes from FLOWER_BASIC_AUTH, or from the file FLOWER_BASIC_AUTH_FILE names (a secret
   in a file, `user:password[,user2:password2]`). Flower splits the list on commas, so a password
   cannot hold one.
-- Anywhere but a loopback address, Flower refuses to start without basic auth.
+- Flower refuses to start without basic auth on every address, loopback included: anyone with a
+  shell on the machine can reach 127.0.0.1, and Flower shows every tenant's tasks (arguments
+  included) and can revoke them. `manage.py up` generates a password when none is configured
+  (`generated_credentials`) and prints it once.
 - The credentials reach Flower in its environment (Flower maps FLOWER_<OPTION> to `--<option>`),
   never on its command line: `ps` shows any user the command line of every process, while a
   process's environment is readable only by its own user and root.
-- On loopback without auth (`up` on a laptop) Flower 2.x would answer 401 to its whole HTTP API; we
-  set FLOWER_UNAUTHENTICATED_API so a local user can list workers, and add `--read_only` because
-  Flower then also sends `Access-Control-Allow-Origin: *` and checks no CSRF token: without it any
-  web page open in the user's browser could POST to 127.0.0.1 and shut workers down or send tasks.
-  To use Flower's controls locally, configure basic auth for `up` too.
+- Flower's unauthenticated API mode (FLOWER_UNAUTHENTICATED_API) is never handed on. With basic
+  auth Flower 2.2 refuses cross-site requests (Sec-Fetch-Site, Origin) and sends no CORS header, so
+  a web page in an operator's browser cannot drive it: its controls stay on, no `--read_only`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ ADDRESS = str_var("FLOWER_ADDRESS", DEFAULT_ADDRESS, doc="The address Flower lis
 PORT = int_var("FLOWER_PORT", DEFAULT_PORT, doc="The port Flower listens on.")
 BASIC_AUTH = str_var(
     AUTH_VARIABLE,
-    doc="Flower's basic auth, `user:password[,user2:password2]` (or FLOWER_BASIC_AUTH_FILE); required off loopback.",
+    doc="Flower's basic auth, `user:password[,user2:password2]` (or FLOWER_BASIC_AUTH_FILE); required on every "
+    "address (`manage.py up` generates one when unset).",
 )
+GENERATED_USER = "batchery"
 
 
 class FlowerConfigError(ValueError):
@@ -56,23 +59,20 @@ class FlowerLaunch:
     command: tuple[str, ...]
     """`python -m celery --app tasks.app flower --address=… --port=…`: never a secret in it."""
     env: dict[str, str]
-    """The environment to run it with; holds FLOWER_BASIC_AUTH when auth is configured."""
-    authenticated: bool
-    """Whether Flower asks for basic auth (False only on a loopback address)."""
+    """The environment to run it with; holds FLOWER_BASIC_AUTH."""
 
 
-def is_loopback(address: str) -> bool:
-    """Whether `address` accepts connections from this machine only.
+def generated_credentials() -> tuple[str, str]:
+    """A user and a fresh random password for a Flower nobody configured (`manage.py up`).
 
-    An empty address means every interface to Flower; a host name other than localhost may resolve to
-    anything, so both count as public.
+    token_urlsafe draws from letters, digits, `-` and `_`: never the `,` or `:` that Flower's list splits on.
     """
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
+    return GENERATED_USER, secrets.token_urlsafe(24)
+
+
+def basic_auth_configured(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` names Flower's credentials (FLOWER_BASIC_AUTH or FLOWER_BASIC_AUTH_FILE)."""
+    return bool(environ.get(AUTH_VARIABLE, "").strip() or environ.get(f"{AUTH_VARIABLE}_FILE", "").strip())
 
 
 def basic_auth_credentials() -> list[str]:
@@ -100,22 +100,17 @@ def flower_launch(
     if not 0 < port < 65536:
         raise FlowerConfigError(f"Flower's port {port} is not between 1 and 65535")
     credentials = basic_auth_credentials()
-    env = dict(os.environ if environ is None else environ)
-    env.pop(f"{AUTH_VARIABLE}_FILE", None)
-    command = [python, "-m", "celery", "--app", "tasks.app", "flower", f"--address={address}", f"--port={port}"]
-    if credentials:
-        env[AUTH_VARIABLE] = ",".join(credentials)
-    elif is_loopback(address):
-        env.pop(AUTH_VARIABLE, None)
-        # An explicit FLOWER_UNAUTHENTICATED_API=false still closes the API.
-        env.setdefault(UNAUTHENTICATED_API_VARIABLE, "true")
-        command.append("--read_only=true")
-    else:
+    if not credentials:
         raise FlowerConfigError(
             f"Flower would listen on {address or 'every interface'} without a password: set {AUTH_VARIABLE} "
-            f"or {AUTH_VARIABLE}_FILE (user:password), or bind it to 127.0.0.1 (FLOWER_ADDRESS)"
+            f"or {AUTH_VARIABLE}_FILE (user:password); `manage.py up` generates one"
         )
-    return FlowerLaunch(command=tuple(command), env=env, authenticated=bool(credentials))
+    env = dict(os.environ if environ is None else environ)
+    env.pop(f"{AUTH_VARIABLE}_FILE", None)
+    env.pop(UNAUTHENTICATED_API_VARIABLE, None)
+    env[AUTH_VARIABLE] = ",".join(credentials)
+    command = [python, "-m", "celery", "--app", "tasks.app", "flower", f"--address={address}", f"--port={port}"]
+    return FlowerLaunch(command=tuple(command), env=env)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

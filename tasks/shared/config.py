@@ -68,6 +68,11 @@ STORAGE_URL = str_var(
     "BATCHERY_STORAGE_URL",
     doc="Batchery's own storage: `file:///…` or `s3://bucket/prefix`; unset, `storage` under BATCHERY_VAR_DIR.",
 )
+METRICS_TOKEN = str_var(
+    "BATCHERY_METRICS_TOKEN",
+    doc="Bearer token the portal's and the launchers' /metrics ask for (or BATCHERY_METRICS_TOKEN_FILE); unset, "
+    "they are open. Every shipped deployment sets it.",
+)
 BROKER_URL = str_var("CELERY_BROKER_URL", DEFAULT_BROKER_URL, doc="The broker (Redis).")
 RESULT_BACKEND = str_var("CELERY_RESULT_BACKEND", doc="Chord counters and task results; unset, the broker.")
 PROGRESS_REDIS_URL = str_var(
@@ -79,6 +84,11 @@ GPU_QUEUES = list_var(
     [f"{GPU_QUEUE_PREFIX}cpu"],
     doc="GPU queues declared at start (others are created when first used).",
 )
+
+
+def metrics_token() -> str:
+    """The bearer token /metrics asks for (`Authorization: Bearer <token>`); "" where none is set."""
+    return METRICS_TOKEN.read()
 
 
 def var_dir() -> Path:

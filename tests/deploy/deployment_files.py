@@ -57,6 +57,9 @@ def fill_placeholder(name: str, value: str) -> str:
         return value
     if name == "DATABASE_URL":
         return TEST_DATABASE_URL
+    if "://" in value:
+        # A URL that carries a password (the broker's): the password is the secret, the URL stays one.
+        return value.replace(PLACEHOLDER, generated_secret())
     return generated_secret()
 
 

@@ -209,9 +209,9 @@ def test_network_policies_let_gpu_workers_reach_only_the_broker_the_store_and_dn
     assert [port["port"] for rule in ingress for port in rule["ports"]] == [9310]
     [source] = [peer for rule in ingress for peer in rule["from"]]
     assert source["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
-    # Each peer the policy allows is the one the ConfigMap names.
+    # Each peer the policy allows is the one the ConfigMap and the Secret name.
     common = find(site, "ConfigMap", "batchery-common")[0]["data"]
-    assert ":6379/" in common["CELERY_BROKER_URL"] and common["AWS_ENDPOINT_URL"].endswith(":9000")
+    assert ":6379/" in kubernetes_secret_example()["CELERY_BROKER_URL"] and common["AWS_ENDPOINT_URL"].endswith(":9000")
 
 
 def test_webhooks_and_validations_have_workers_of_their_own_off_the_control_lane(site: list[dict[str, Any]]) -> None:

@@ -48,17 +48,21 @@ SECURITY_SETTINGS = {
 }
 
 
-def check_deploy(env: dict[str, str], tmp_path: Path) -> None:
-    """Run the check in a process of its own, with this environment and nothing of the test run's."""
+def _process_env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     # The files' database hosts exist only in their own networks; the check itself opens no connection.
-    env = {**env, "DATABASE_URL": TEST_DATABASE_URL}
-    process_env = {
+    return {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
         "BATCHERY_VAR_DIR": str(tmp_path / "var"),
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         **env,
+        "DATABASE_URL": TEST_DATABASE_URL,
     }
+
+
+def check_deploy(env: dict[str, str], tmp_path: Path) -> None:
+    """Run the check in a process of its own, with this environment and nothing of the test run's."""
+    process_env = _process_env(env, tmp_path)
     try:
         result = subprocess.run(
             [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
@@ -110,7 +114,28 @@ def test_check_deploy_passes_with_the_systemd_environment_example(tmp_path: Path
     secret_key = tmp_path / "secret_key"
     secret_key.write_text(generated_secret())
     env["SECRET_KEY_FILE"] = str(secret_key)
+    # And the metrics token from the file BATCHERY_METRICS_TOKEN_FILE names.
+    assert env["BATCHERY_METRICS_TOKEN_FILE"] == "/etc/batchery/metrics_token"
+    metrics_token = tmp_path / "metrics_token"
+    metrics_token.write_text(generated_secret())
+    env["BATCHERY_METRICS_TOKEN_FILE"] = str(metrics_token)
     check_deploy(env, tmp_path)
+
+
+def test_check_deploy_refuses_a_portal_whose_metrics_ask_for_no_token(tmp_path: Path) -> None:
+    env = compose_service_env("portal", compose_example_variables())
+    del env["BATCHERY_METRICS_TOKEN"]
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=REPO,
+        env=_process_env(env, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=CHECK_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "batchery.W001" in result.stderr + result.stdout and "BATCHERY_METRICS_TOKEN" in result.stderr
 
 
 def test_the_local_defaults_stay_plain_http() -> None:

@@ -66,8 +66,12 @@ def uncatalogued(names: set[str]) -> set[str]:
 
 
 @needs_promtool
-def test_the_prometheus_config_and_its_target_files_are_valid() -> None:
-    promtool("check", "config", "deploy/prometheus/prometheus.yml")
+def test_the_prometheus_config_and_its_target_files_are_valid(tmp_path: Path) -> None:
+    # As an operator installs it: the folder copied, the metrics token beside it (promtool checks it exists).
+    installed = tmp_path / "prometheus"
+    shutil.copytree(PROMETHEUS, installed)
+    (installed / "batchery_metrics_token").write_text("a-token\n")
+    promtool("check", "config", str(installed / "prometheus.yml"))
 
 
 @needs_promtool

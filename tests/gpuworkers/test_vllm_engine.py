@@ -211,17 +211,6 @@ def test_prompts_with_their_own_params_share_one_generate_call(fake_vllm: types.
     ]
 
 
-def test_an_older_vllm_gets_structured_output_as_guided_decoding(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
-    legacy = types.ModuleType("vllm.sampling_params")
-    legacy.GuidedDecodingParams = lambda **kwargs: ("guided", kwargs)  # type: ignore[attr-defined]
-    fake_vllm.sampling_params = legacy  # type: ignore[attr-defined]
-    engine, llm = loaded(vllm_spec(tmp_path, task="chat"))
-
-    engine.run_batch([[{"role": "user", "content": "hi"}]], {"response_format": {"type": "json_object"}})
-
-    assert llm.calls[0][2] == [FakeSamplingParams({"guided_decoding": ("guided", {"json_object": True})})]
-
-
 def test_a_micro_batch_of_conversations_goes_to_vllm_in_one_chat_call(
     fake_vllm: types.ModuleType, tmp_path: Path
 ) -> None:
@@ -412,14 +401,14 @@ def fake_tool_parsers(fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPat
             return cls.tool_parsers[name]
 
     parsers.ToolParserManager = ToolParserManager  # type: ignore[attr-defined]
-    # The request class where vLLM releases before the protocol module's split keep it.
-    protocol = types.ModuleType("vllm.entrypoints.openai.protocol")
+    protocol = types.ModuleType("vllm.entrypoints.openai.chat_completion.protocol")
     protocol.ChatCompletionRequest = StandInChatRequest  # type: ignore[attr-defined]
     for name, module in (
         ("vllm.tool_parsers", parsers),
         ("vllm.entrypoints", types.ModuleType("vllm.entrypoints")),
         ("vllm.entrypoints.openai", types.ModuleType("vllm.entrypoints.openai")),
-        ("vllm.entrypoints.openai.protocol", protocol),
+        ("vllm.entrypoints.openai.chat_completion", types.ModuleType("vllm.entrypoints.openai.chat_completion")),
+        ("vllm.entrypoints.openai.chat_completion.protocol", protocol),
     ):
         monkeypatch.setitem(sys.modules, name, module)
     return parsers

@@ -32,6 +32,7 @@ from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, input_limits, quota_check_model, quota_reserve
 from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
 from portal.jobs.services.input_access import input_refusal
+from portal.jobs.services.uploads import hide_storage_root, stored_upload_uri
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks import send
@@ -107,7 +108,8 @@ def input_errors() -> Iterator[None]:
     except InputOptionsError as exc:
         raise SubmissionError(str(exc), field=exc.option) from None
     except StorageError as exc:
-        raise SubmissionError(f"cannot read the input: {exc}", field="input") from None
+        # A storage error names the stored URI: the tenant sees it without the platform's storage root.
+        raise SubmissionError(f"cannot read the input: {hide_storage_root(str(exc))}", field="input") from None
     except DecompressionLimitExceeded as exc:
         if exc.setting == INPUT_BYTES_QUOTA:
             raise input_bytes_exceeded(int(exc.limit), str(exc)) from None
@@ -310,7 +312,10 @@ def submission_request(
             f"not {request.deadline_seconds}",
             field="deadline_seconds",
         )
-    uri = normalize_input_uri(request.input_uri)
+    try:
+        uri = normalize_input_uri(stored_upload_uri(request.input_uri, tenant_id=tenant.pk))
+    except ValueError as exc:
+        raise SubmissionError(str(exc), field="input") from None
     if input_roots is not None and (refusal := input_refusal(uri, input_roots)):
         raise SubmissionError(refusal, field="input")
     return CheckedRequest(

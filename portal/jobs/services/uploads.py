@@ -25,9 +25,33 @@ class UploadTooLarge(Exception):
         self.limit = limit
 
 
+UPLOAD_SCHEME = "upload://"
+"""How tenants see and name their uploads: `upload://<name>`, never the platform's storage root."""
+_UPLOAD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
 def uploads_root(tenant_id: int) -> str:
     """Where a tenant's uploads live; the tenant's API callers may read inputs from here."""
     return join_uri(settings.BATCHERY_STORAGE_URL, "uploads", str(tenant_id))
+
+
+def hide_storage_root(text: str) -> str:
+    """`text` (an error message) with every stored URI below the platform's storage root written as a tenant
+    sees it: `upload://<name>` for an upload, `batchery://<path>` for the rest."""
+    root = re.escape(settings.BATCHERY_STORAGE_URL.rstrip("/"))
+    text = re.sub(rf"{root}/uploads/\d+/", UPLOAD_SCHEME, text)
+    return re.sub(rf"{root}/", "batchery://", text)
+
+
+def stored_upload_uri(uri: str, *, tenant_id: int) -> str:
+    """`upload://<name>` (as a job shows its upload) as the stored URI of the tenant's own upload of that
+    name; any other URI as it is. A name is one path segment: nothing reaches beyond the tenant's uploads."""
+    if not uri.startswith(UPLOAD_SCHEME):
+        return uri
+    name = uri.removeprefix(UPLOAD_SCHEME)
+    if not _UPLOAD_NAME.fullmatch(name):
+        raise ValueError(f"{uri} does not name an upload: give upload://<name>, as a job of yours shows it")
+    return join_uri(uploads_root(tenant_id), name)
 
 
 def _safe_name(filename: str) -> str:

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from portal.api.downloads import stream_object, stream_partial
 from portal.catalog.selectors import models_for_tenant
+from portal.jobs.input_display import tenant_input_uri, tenant_job_error
 from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
@@ -186,6 +187,8 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
     member = portal.allows(Membership.Role.MEMBER)
     return {
         "job": job,
+        "input_uri": tenant_input_uri(job),
+        "job_error": tenant_job_error(job),
         "row": job_row(job),
         "timeline": job_timeline(job),
         "shards": shard_grid(job),

@@ -47,6 +47,10 @@ class Command(BaseCommand):
             f"Flower {flower_url}, "
             f"broker {stack.env['CELERY_BROKER_URL']}. Ctrl-C stops it."
         )
+        if stack.flower_login is not None:
+            user, password = stack.flower_login
+            # Printed once, here: Flower asks for it; FLOWER_BASIC_AUTH(_FILE) sets a lasting one.
+            self.stdout.write(f"Flower login (generated for this run): user {user}, password {password}")
         try:
             while not stopping:
                 stack.check_alive()
