@@ -124,10 +124,12 @@ def abuse_report(abuse_stack: AbuseStack) -> Callable[..., AbuseResult]:
     """`abuse_report(attack_name, attack, lead_s=0.5)`: run `attack` (a function that makes its
     requests, asserts what the platform must answer, and returns that answer in a few words) in the
     background; `lead_s` into it, the victim submits its three-record job and times it to its end. Adds
-    the row to the table and asserts the victim's job ended within the issue's ten seconds."""
+    the row to the table and asserts that the victim's job ended within the issue's ten seconds and
+    that the portal answered no request with a 5xx meanwhile."""
 
     def report(attack_name: str, attack: Callable[[], str], lead_s: float = 0.5) -> AbuseResult:
         before = abuse_stack.bytes_on_disk()
+        _, log_at = abuse_stack.server_errors()
         with in_background(attack) as answer_of:
             time.sleep(lead_s)
             victim_s = abuse_stack.victim_job_seconds(abuse_stack.tenant("victim"))
@@ -140,6 +142,8 @@ def abuse_report(abuse_stack: AbuseStack) -> Callable[..., AbuseResult]:
             bytes_written=abuse_stack.bytes_on_disk() - before,
         )
         RESULTS.append(result)
+        errors, _ = abuse_stack.server_errors(log_at)
+        assert not errors, f"{attack_name}: the portal answered 5xx: {errors[:10]}"
         assert victim_s < VICTIM_DEADLINE_S, f"{attack_name}: the victim's job took {victim_s:.1f} s"
         return result
 

@@ -85,7 +85,8 @@ class AbuseStack(ChaosStack):
         log = (self.log_dir / "portal.log").open("ab")
         self.portal = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "portal.wsgi", "--config", "python:portal.gunicorn_conf",
-             "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--timeout", "60"],
+             "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--timeout", "60",
+             "--access-logfile", str(self.access_log), "--access-logformat", "%(s)s %(r)s"],
             cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self.base_url = f"http://127.0.0.1:{port}"
@@ -100,6 +101,17 @@ class AbuseStack(ChaosStack):
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"the portal did not answer within 60 s:\n{self.portal_log()}")
+
+    @property
+    def access_log(self) -> Path:
+        return self.log_dir / "portal-access.log"
+
+    def server_errors(self, since: int = 0) -> tuple[list[str], int]:
+        """The requests the portal answered with a 5xx in its access log past byte `since`, and where
+        the log ends now (each line: the status, then the request line)."""
+        data = self.access_log.read_bytes()[since:] if self.access_log.exists() else b""
+        lines = data.decode(errors="replace").splitlines()
+        return [line for line in lines if line[:1] == "5"], since + len(data)
 
     def portal_log(self) -> str:
         path = self.log_dir / "portal.log"
