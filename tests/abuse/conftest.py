@@ -39,6 +39,8 @@ ABUSE_ENV = {
     "BATCHERY_MAX_SHARDS_PER_JOB": "100",
     # Guessed keys: the attack crosses it; the tests of keys that must answer 401 stay under it.
     "BATCHERY_API_KEY_FAILURE_LIMIT": "50",
+    # Every shipped deployment sets one; the exposure attacks ask /metrics without it.
+    "BATCHERY_METRICS_TOKEN": "abuse-metrics-token",
 }
 
 
