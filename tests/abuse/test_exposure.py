@@ -149,11 +149,6 @@ def test_a_tenant_never_sees_the_storage_root(
     abuse_report("the storage root in a tenant's view", attack)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the refusal of an input outside the tenant's locations lists them (allowed: ...), the tenant's "
-    "uploads among them as <storage root>/uploads/<tenant id> (portal/jobs/services/input_access.py input_refusal)",
-)
 def test_a_refused_input_does_not_show_the_storage_root(
     abuse_stack: AbuseStack, abuse_report: Callable[..., AbuseResult]
 ) -> None:

@@ -174,3 +174,16 @@ def test_an_operators_rerun_keeps_the_tenants_input_roots(
     with pytest.raises(SubmissionError, match="outside the locations this tenant may read"):
         job_rerun(job=job, actor=None)
     assert Job.objects.count() == 1
+
+
+def test_a_refusal_lists_the_tenants_uploads_without_the_platforms_storage_root(
+    caller: Callable[..., Caller], minilm: Any, settings: Any
+) -> None:
+    alice = caller("acme")
+    request = {"model": minilm.name, "input_uri": "file:///etc/passwd"}
+    refused = alice.client.post("/api/v1/jobs/", request, format="json")
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert "outside the locations this tenant may read (allowed: upload://)" in message
+    root = settings.BATCHERY_STORAGE_URL.rstrip("/")
+    assert root not in refused.text and root.removeprefix("file://") not in refused.text

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 
-from portal.jobs.services.uploads import uploads_root
+from portal.jobs.services.uploads import hide_storage_root, uploads_root
 from portal.tenancy.models import Tenant
 
 READABLE_SCHEMES = ("file", "s3")
@@ -46,5 +46,6 @@ def input_refusal(uri: str, roots: Sequence[str]) -> str | None:
         base = _canonical(root).rstrip("/")
         if canonical == base or canonical.startswith(base + "/"):
             return None
-    shown = ", ".join(roots) if roots else "none"
-    return f"the input {uri} is outside the locations this tenant may read (allowed: {shown})"
+    # As a tenant sees them: its uploads as upload://, nothing of the platform's storage root.
+    shown = ", ".join(root.rstrip("/") + "/" for root in roots) if roots else "none"
+    return hide_storage_root(f"the input {uri} is outside the locations this tenant may read (allowed: {shown})")
