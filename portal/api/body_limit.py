@@ -35,8 +35,6 @@ def _refusal(request: HttpRequest, status: int, code: str, message: str) -> Http
         response["x-should-retry"] = "false"
     else:
         response = HttpResponse(message + "\n", status=status, content_type="text/plain; charset=utf-8")
-    # The body was not read: the connection cannot carry another request after this answer.
-    response["Connection"] = "close"
     return response
 
 

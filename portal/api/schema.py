@@ -48,11 +48,13 @@ ERRORS = {
     "405": "Method not allowed.",
     "406": "The Accept header asks for a type this operation cannot give.",
     "409": "The object is not in a state for this action.",
-    "413": "The upload is over the size limit.",
+    "411": "A request body came without its Content-Length (chunked).",
+    "413": "The request body or the upload is over its size limit.",
     "415": "Unsupported request content type.",
-    "429": "A quota refuses the request: `error.quota` names it, its limit and current use.",
+    "429": "A quota refuses the request (`error.quota` names it, its limit and current use), or too many failed "
+    "attempts (`Retry-After` says when to try again).",
 }
-WRITE_ONLY_ERRORS = {"409", "413", "415", "429"}
+WRITE_ONLY_ERRORS = {"409", "411", "413", "415", "429"}
 
 
 def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
