@@ -40,7 +40,7 @@ def _worker_paused(stack: AbuseStack, name: str) -> Iterator[None]:
 def test_a_trickling_receiver_delays_nothing_but_its_own_tenants_deliveries(
     abuse_stack: AbuseStack, abuse_report: Callable[..., AbuseResult]
 ) -> None:
-    attacker = abuse_stack.tenant("trickler")
+    attacker = abuse_stack.tenant("trickler", max_concurrent_jobs=100)
     victim = abuse_stack.tenant("victim")
     slow, fast = TrickleReceiver(), Receiver([])
     jobs = scale(4, 12)
