@@ -6,13 +6,11 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
 
 from tests.abuse.conftest import scale
@@ -40,20 +38,6 @@ def _job_ended(stack: AbuseStack, access: TenantAccess, job_id: str, timeout_s: 
                 return job
             assert time.monotonic() < deadline, job
             time.sleep(0.3)
-
-
-@contextmanager
-def _control_paused(stack: AbuseStack) -> Iterator[None]:
-    """The control worker and its pool stopped (SIGSTOP) while the block runs."""
-    main = psutil.Process(stack.workers["control"].process.pid)
-    processes = [main, *main.children(recursive=True)]
-    for process in processes:
-        process.suspend()
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.resume()
 
 
 def test_compression_bombs_are_refused_wherever_they_arrive(
@@ -139,7 +123,7 @@ def test_a_file_input_swapped_for_a_link_after_its_check_is_not_read(
     secret.write_bytes(orjson.dumps({"custom_id": "s", "input": "SECRET-MARKER-39"}) + b"\n")
     given = root / "in.jsonl"
     given.write_bytes(orjson.dumps({"custom_id": "a", "input": "harmless"}) + b"\n")
-    with _control_paused(abuse_stack):
+    with abuse_stack.paused("control"):
         with abuse_stack.api(attacker) as client:
             submitted = client.post("/api/v1/jobs/", json={"model": MODEL, "input_uri": given.as_uri()})
         assert submitted.status_code == 201, submitted.text

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import orjson
-import psutil
 import pytest
 import redis
 
@@ -22,19 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.abuse]
 
 DEADLINE_S = 5.0
 """BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S of the stack."""
-
-
-@contextmanager
-def _worker_paused(stack: AbuseStack, name: str) -> Iterator[None]:
-    main = psutil.Process(stack.workers[name].process.pid)
-    processes = [main, *main.children(recursive=True)]
-    for process in processes:
-        process.suspend()
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.resume()
 
 
 def test_a_trickling_receiver_delays_nothing_but_its_own_tenants_deliveries(
@@ -113,7 +98,7 @@ def test_a_flood_of_batches_on_one_file_is_held_to_the_concurrent_jobs_quota(
         statuses = []
         # Validating takes its time on a large file: the validation worker is held still so that the first
         # batches stay validating for the whole flood.
-        with _worker_paused(abuse_stack, "validation"), abuse_stack.api(attacker) as client:
+        with abuse_stack.paused("validation"), abuse_stack.api(attacker) as client:
             for _ in range(creates):
                 answer = client.post("/v1/batches", json=request)
                 statuses.append(answer.status_code)

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import orjson
+import psutil
 
 from portal.devstack.embedded import free_port
 from tests.support.chaos import ChaosStack
@@ -112,6 +113,19 @@ class AbuseStack(ChaosStack):
         data = self.access_log.read_bytes()[since:] if self.access_log.exists() else b""
         lines = data.decode(errors="replace").splitlines()
         return [line for line in lines if line[:1] == "5"], since + len(data)
+
+    @contextmanager
+    def paused(self, worker: str) -> Iterator[None]:
+        """The worker and its pool stopped (SIGSTOP) while the block runs, as a busy or slow one would be."""
+        main = psutil.Process(self.workers[worker].process.pid)
+        processes = [main, *main.children(recursive=True)]
+        for process in processes:
+            process.suspend()
+        try:
+            yield
+        finally:
+            for process in processes:
+                process.resume()
 
     def portal_log(self) -> str:
         path = self.log_dir / "portal.log"
