@@ -19,15 +19,13 @@ seconds, the ETA) were extrapolated, while its lines, problems and tokens cover 
 
 from __future__ import annotations
 
-import io
 import math
 import statistics
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.db.models import F, FloatField, Sum
@@ -36,12 +34,13 @@ from django.db.models.functions import Coalesce
 from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
-from portal.execution.plan import InputPosition, job_records
+from portal.execution.plan import job_records
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs
+from portal.jobs.services.dry_run_budget import MeteredPosition, SampleBudget, SampleEnds
 from portal.jobs.services.submit import InputCheck, input_errors, input_rejected, submission_request
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.formats.compression import DecompressionLimits
@@ -50,7 +49,7 @@ from tasks.shared.formats.records import LineProblem, Record
 from tasks.shared.storage import store_for
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 MAX_LISTED_SHARDS = 100
 """Up to this many shards the report lists each; past it, only their count and spread."""
@@ -199,7 +198,7 @@ def job_dry_run(
         size = store_for(accepted.input_uri).size(accepted.input_uri)
     # Loaded before the budget's clock starts: its time does not depend on the input.
     counter = token_counter(accepted.model)
-    budget = _SampleBudget()
+    budget = SampleBudget()
     limits = input_limits(tenant.pk)
     counted: int | None = None
     if size <= settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
@@ -295,90 +294,10 @@ def eta_seconds(
     return max(longest_shard, min(alone, everyone))
 
 
-class _SampleEnds(Exception):
-    """The dry run's budget is spent: the prefix read so far is its sample."""
-
-
-class _SampleBudget:
-    """What a dry run may read: records, bytes of the input as stored and seconds (the operator's
-    BATCHERY_DRY_RUN_MAX_*), shared by its passes; `stopped_by` names the limit that ended one."""
-
-    def __init__(self) -> None:
-        self.max_records: int = settings.BATCHERY_DRY_RUN_MAX_RECORDS
-        self.max_bytes: int = settings.BATCHERY_DRY_RUN_MAX_BYTES
-        self._deadline = time.monotonic() + settings.BATCHERY_DRY_RUN_MAX_SECONDS
-        self.stopped_by: str | None = None
-
-    def spend(self, *, records: int = 0, read: int = 0) -> None:
-        """Raise `_SampleEnds` once `records` read or `read` bytes, or the time, pass their limit."""
-        if records > self.max_records:
-            self._stop("BATCHERY_DRY_RUN_MAX_RECORDS")
-        if read > self.max_bytes:
-            self._stop("BATCHERY_DRY_RUN_MAX_BYTES")
-        if time.monotonic() > self._deadline:
-            self._stop("BATCHERY_DRY_RUN_MAX_SECONDS")
-
-    def _stop(self, setting: str) -> None:
-        self.stopped_by = setting
-        raise _SampleEnds(setting)
-
-
-class _Metered(io.RawIOBase):
-    """The input as the dry run reads it: every read counted and held to the budget."""
-
-    def __init__(self, raw: BinaryIO, budget: _SampleBudget) -> None:
-        super().__init__()
-        self._raw = raw
-        self._budget = budget
-        self.read_bytes = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return self._raw.seekable()
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self._raw.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._raw.tell()
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        self._budget.spend(read=self.read_bytes)
-        view = memoryview(buffer).cast("B")
-        data = self._raw.read(min(len(view), self._budget.max_bytes + 1 - self.read_bytes))
-        view[: len(data)] = data
-        self.read_bytes += len(data)
-        return len(data)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-class _MeteredPosition(InputPosition):
-    """Follows a pass like `InputPosition`, through a `_Metered` stream; `read_bytes` sums every stream it opened."""
-
-    def __init__(self, budget: _SampleBudget) -> None:
-        super().__init__()
-        self._budget = budget
-        self._streams: list[_Metered] = []
-
-    def track(self, stream: BinaryIO) -> BinaryIO:
-        metered = _Metered(stream, self._budget)
-        self._streams.append(metered)
-        return super().track(cast(BinaryIO, io.BufferedReader(metered)))
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(stream.read_bytes for stream in self._streams)
-
-
 def _records(
-    job: Job, *, input_field: str, check: JsonlCheck, budget: _SampleBudget, limits: DecompressionLimits
-) -> tuple[Iterator[Record], _MeteredPosition]:
-    position = _MeteredPosition(budget)
+    job: Job, *, input_field: str, check: JsonlCheck, budget: SampleBudget, limits: DecompressionLimits
+) -> tuple[Iterator[Record], MeteredPosition]:
+    position = MeteredPosition(budget)
     records = job_records(
         job,
         input_field=input_field,
@@ -390,7 +309,7 @@ def _records(
     return records, position
 
 
-def _count(job: Job, *, input_field: str, budget: _SampleBudget, limits: DecompressionLimits) -> int | None:
+def _count(job: Job, *, input_field: str, budget: SampleBudget, limits: DecompressionLimits) -> int | None:
     """The input's valid records, as job_submit counts a small input; None: the budget's bytes or time
     ran out first. Not held to the records' limit: counting is cheap, tokenizing is not."""
     check = JsonlCheck()
@@ -399,7 +318,7 @@ def _count(job: Job, *, input_field: str, budget: _SampleBudget, limits: Decompr
         try:
             for _ in records:
                 budget.spend()
-        except _SampleEnds:
+        except SampleEnds:
             return None
     return check.records
 
@@ -410,7 +329,7 @@ def _read(
     cut: ShardCut,
     input_field: str,
     counter: TokenCounter | None,
-    budget: _SampleBudget,
+    budget: SampleBudget,
     limits: DecompressionLimits,
 ) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None, int]:
     """One pass over the input as the planner makes it, as far as the budget goes: the check, the
@@ -428,7 +347,7 @@ def _read(
                 cutter.add(record)
                 if tokens is not None:
                     tokens.add(record.line, record.data.get(input_field))
-        except _SampleEnds:
+        except SampleEnds:
             if check.records > budget.max_records:
                 check.records = budget.max_records
     if tokens is not None:
@@ -437,7 +356,7 @@ def _read(
 
 
 def _sample(
-    budget: _SampleBudget, check: JsonlCheck, *, read: int, size: int, counted: int | None
+    budget: SampleBudget, check: JsonlCheck, *, read: int, size: int, counted: int | None
 ) -> DryRunSample | None:
     """How the prefix read stands for the whole input; None: the whole input was read."""
     if budget.stopped_by is None:
