@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
@@ -95,6 +96,7 @@ def _lock_queue(queue: str) -> None:
 
 def schedule_queue(queue: str) -> int:
     """Fill the queue's free places with waiting shards in fair-share order; return how many were sent."""
+    started = time.perf_counter()
     if _nothing_to_send():
         return 0
     claimed: list[tuple[Job, list[Shard]]] = []
@@ -160,7 +162,15 @@ def schedule_queue(queue: str) -> int:
     for job, shards in claimed:
         shards_send(job, shards, wave=plan.wave)
     sent = sum(len(shards) for _, shards in claimed)
-    logger.info("scheduled %d shards on %s: %s", sent, queue, {str(job.id): len(s) for job, s in claimed})
+    # The tick's time, its messages sent, is what `manage.py simulate` reads of the scheduler's cost.
+    milliseconds = (time.perf_counter() - started) * 1000
+    logger.info(
+        "scheduled %d shards on %s in %.1f ms: %s",
+        sent,
+        queue,
+        milliseconds,
+        {str(job.id): len(s) for job, s in claimed},
+    )
     return sent
 
 
