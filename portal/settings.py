@@ -247,6 +247,15 @@ BATCHERY_INLINE_MERGE_MAX_RECORDS = env_int(
     minimum=0,
     doc="A job of at most this many records merges in the callback that settled its last shard; 0 sends every merge.",
 )
+# Retention (portal.jobs.services.retention): a job that ended longer ago than this loses its shard
+# rows and status events (the job row, its counts and its ledger line stay); it can be retried only
+# while it keeps them. 0 keeps them forever.
+BATCHERY_SHARD_RETENTION_DAYS = env_int(
+    "BATCHERY_SHARD_RETENTION_DAYS",
+    30,
+    minimum=0,
+    doc="Days an ended job keeps its shard rows and status events, and can be retried; 0 keeps them forever.",
+)
 # Stragglers: once a job has no shard left to send, a slot that would idle runs a copy of its slowest
 # running shard (one copy per shard at most); the first commit wins and the other attempt stops.
 BATCHERY_SPECULATION = env_bool(

@@ -20,6 +20,7 @@ CONTROL_TASK_MODULES = (
     "tasks.control.merge",
     "tasks.control.shard_done",
     "tasks.control.reconcile",
+    "tasks.control.retention",
     "tasks.control.validate_batch",
     "tasks.control.finalize_batch",
     "tasks.control.webhooks",

@@ -100,6 +100,16 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    pruned_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When retention removed its shard rows and events (BATCHERY_SHARD_RETENTION_DAYS); empty: kept.",
+    )
+    timeline = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Its status changes as [status, ISO time] pairs, kept from its events when retention removed them.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -107,6 +117,11 @@ class Job(models.Model):
             models.Index(fields=["tenant", "status"]),
             # The job list's page, newest first: without it each page sorts all of the tenant's jobs.
             models.Index(fields=["tenant", "-created_at"], name="jobs_job_tenant_created"),
+            # The retention sweep's jobs, oldest ending first. Partial: the jobs already pruned, which
+            # pile up forever, are not in it, so finding the next ones costs what is left to prune.
+            models.Index(
+                fields=["finished_at"], condition=models.Q(pruned_at__isnull=True), name="jobs_job_unpruned_finished"
+            ),
         ]
 
     def __str__(self) -> str:

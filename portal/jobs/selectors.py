@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,14 @@ def job_progress(job: Job, live: Progress | None = None) -> JobProgress:
         return JobProgress(status=job.status, total=job.total_records, done=done, failed=job.failed_records)
     live = live or read_job_progress(str(job.id))
     return JobProgress(status=job.status, total=job.total_records, done=live.done, failed=live.failed)
+
+
+def job_steps(job: Job) -> list[tuple[str, dt.datetime]]:
+    """The job's status changes in order, as (status, when): from its events (prefetched ones too), or,
+    once retention removed them, from the timeline it kept of them."""
+    if job.pruned_at is not None:
+        return [(status, dt.datetime.fromisoformat(at)) for status, at in job.timeline or []]
+    return [(event.status, event.at) for event in sorted(job.events.all(), key=lambda event: (event.at, event.pk))]
 
 
 def jobs_live_progress(jobs: Collection[Job]) -> dict[str, Progress]:

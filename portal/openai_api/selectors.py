@@ -11,7 +11,7 @@ from django.urls import reverse
 from rest_framework.request import Request
 
 from portal.jobs.models import Job, JobStatus, JobUsage
-from portal.jobs.selectors import job_progress
+from portal.jobs.selectors import job_progress, job_steps
 from portal.jobs.services.partial import OFFERED_STATUSES
 from portal.openai_api.models import Batch, File
 
@@ -119,7 +119,7 @@ def batch_object(batch: Batch, *, request: Request | None = None) -> dict[str, A
     (OpenAI's clients keep fields they do not know)."""
     status = batch_status(batch)
     job = batch.job
-    reached = {event.status: event.at for event in job.events.all()} if job is not None else {}
+    reached = dict(job_steps(job)) if job is not None else {}
     ended_at = batch.finalized_at if status in ("completed", "failed", "expired", "cancelled") else None
     window_hours = int(batch.completion_window.rstrip("h"))
     return {

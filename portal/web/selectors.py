@@ -15,12 +15,13 @@ from typing import Any
 
 import orjson
 import redis
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
-from portal.jobs.selectors import JobProgress, job_progress, usage_per_month
+from portal.jobs.selectors import JobProgress, job_progress, job_steps, usage_per_month
 from portal.ops.selectors import fleet_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.leases import shard_lease_key
@@ -54,12 +55,13 @@ class JobRow:
 
 
 def tenant_jobs(tenant: Tenant) -> QuerySet[Job]:
-    """The tenant's jobs, newest first, with the moment each first started running as `running_at`."""
+    """The tenant's jobs, newest first, with the moment each first started running as `running_at` (its
+    planning's end, where retention removed its events)."""
     first_run = JobEvent.objects.filter(job=OuterRef("pk"), status=JobStatus.RUNNING).order_by("at").values("at")[:1]
     return (
         Job.objects.filter(tenant=tenant)
         .select_related("model", "created_by")
-        .annotate(running_at=Subquery(first_run))
+        .annotate(running_at=Coalesce(Subquery(first_run), F("started_at")))
         .order_by("-created_at")
     )
 
@@ -155,9 +157,9 @@ class TimelineStep:
 
 def job_timeline(job: Job) -> list[TimelineStep]:
     steps: list[TimelineStep] = []
-    for event in job.events.order_by("at", "pk"):
-        after = (event.at - steps[-1].at).total_seconds() if steps else None
-        steps.append(TimelineStep(status=event.status, at=event.at, after=after))
+    for status, at in job_steps(job):
+        after = (at - steps[-1].at).total_seconds() if steps else None
+        steps.append(TimelineStep(status=status, at=at, after=after))
     return steps
 
 

@@ -35,6 +35,8 @@ MERGE_TASK = "batchery.merge_job"
 """Merges a job's committed outputs and ends it, or finalizes a stopped job (`tasks.control.merge`)."""
 RECONCILE_TASK = "batchery.reconcile"
 """The periodic sweep (`tasks.control.reconcile`)."""
+RETENTION_TASK = "batchery.retention_sweep"
+"""Removes the shard rows and events of jobs past their retention (`tasks.control.retention`)."""
 VALIDATE_BATCH_TASK = "batchery.validate_batch"
 """Validates a large `/v1/batches` input file off the request (`tasks.control.validate_batch`)."""
 FINALIZE_BATCH_TASK = "batchery.finalize_batch"
@@ -43,7 +45,7 @@ DELIVER_WEBHOOK_TASK = "batchery.deliver_webhook"
 """One attempt at a webhook delivery (`tasks.control.webhooks`)."""
 WEBHOOKS_SWEEP_TASK = "batchery.webhooks_sweep"
 """The periodic sweep of overdue webhook deliveries (`tasks.control.webhooks`)."""
-CONTROL_TASKS = (PLAN_TASK, SHARDS_ENDED_TASK, MERGE_TASK, RECONCILE_TASK, FINALIZE_BATCH_TASK)
+CONTROL_TASKS = (PLAN_TASK, SHARDS_ENDED_TASK, MERGE_TASK, RECONCILE_TASK, RETENTION_TASK, FINALIZE_BATCH_TASK)
 WEBHOOK_TASKS = (DELIVER_WEBHOOK_TASK, WEBHOOKS_SWEEP_TASK)
 VALIDATION_TASKS = (VALIDATE_BATCH_TASK,)
 TASK_QUEUES = {
@@ -266,6 +268,12 @@ def celery_settings() -> dict[str, object]:
                 "schedule": float(WEBHOOKS_SWEEP_INTERVAL_S),
                 "options": {"expires": float(WEBHOOKS_SWEEP_INTERVAL_S)},
             },
+            # Shard rows and events of jobs past their retention, a bounded amount each time.
+            "retention-sweep": {
+                "task": RETENTION_TASK,
+                "schedule": float(RETENTION_SWEEP_INTERVAL_S),
+                "options": {"expires": float(RETENTION_SWEEP_INTERVAL_S)},
+            },
         },
         "worker_hijack_root_logger": False,
     }
@@ -294,6 +302,8 @@ RECONCILE_INTERVAL_S = env_int(
     "BATCHERY_RECONCILE_INTERVAL_S", 30, minimum=1, doc="Seconds between two periodic sweeps."
 )
 WEBHOOKS_SWEEP_INTERVAL_S = 60
+RETENTION_SWEEP_INTERVAL_S = 600
+"""Seconds between two retention sweeps; each deletes for a minute at most (`portal.jobs.services.retention`)."""
 LEASE_TTL_S = env_int(
     "BATCHERY_LEASE_TTL_S",
     30,

@@ -6,8 +6,9 @@ through submit, plan, shards on warm workers and merge, and of `model.encode` in
 same sentences (the limit: one single-thread process per core), and their ratio. Then, for
 inputs of about 200 MB and 2 GB (`--io-sizes-mb`), the time, MB/s and peak RSS of planning and of
 merging, each in its own process (see `bench.plan_merge`), and the merge of a Parquet output of
-100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `bench.parquet`).
-`--skip-io` and `--only-io` run one half.
+100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `bench.parquet`). The
+database's size per million finished shards, and the retention sweep that removes them, close the
+whole-stack half (`--retention-shards`, `bench.retention`). `--skip-io` and `--only-io` run one half.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench.metrics import StackRun, instrumentation_seconds_per_shard, scrape_p9
 from bench.parquet import render_parquet, run_parquet_bench
 from bench.plan_merge import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
 from bench.reconcile import render_reconcile, run_reconcile_bench
+from bench.retention import render_retention, run_retention_bench
 from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.devstack.demo import write_demo_dataset
@@ -79,7 +81,15 @@ def shared_broker() -> Iterator[None]:
 SENTENCE_COUNTS = (6_000, 20_000, 100_000)
 
 # The parts of the whole-stack half and the option that sizes each; 0 skips a part.
-PARTS = ("sentences", "metrics-sentences", "fairness-slots", "ceiling-slots", "api-jobs", "reconcile-jobs")
+PARTS = (
+    "sentences",
+    "metrics-sentences",
+    "fairness-slots",
+    "ceiling-slots",
+    "api-jobs",
+    "reconcile-jobs",
+    "retention-shards",
+)
 
 
 def ratio_target(sentences: int) -> float:
@@ -173,6 +183,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--reconcile-shards", type=int, default=1000, help="dispatched shards a job")
         parser.add_argument(
+            "--retention-shards",
+            type=int,
+            default=1_000_000,
+            help="finished shard rows the retention sweep removes, sizes measured (0: skip)",
+        )
+        parser.add_argument("--retention-jobs", type=int, default=1000, help="jobs the retention run's shards are of")
+        parser.add_argument(
             "--parquet-records",
             type=int,
             default=100_000,
@@ -193,6 +210,8 @@ class Command(BaseCommand):
                 if options["fairness_slots"]:
                     self.fairness_bench(options["fairness_slots"])
                 self.platform_bench(options)
+                if options["retention_shards"]:
+                    self.retention_bench(options["retention_shards"], options["retention_jobs"])
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
             if options["parquet_records"]:
@@ -279,6 +298,11 @@ class Command(BaseCommand):
                 reconcile_jobs=options["reconcile_jobs"],
             )
         )
+
+    def retention_bench(self, shards: int, jobs: int) -> None:
+        self.stdout.write("")
+        self.stdout.write(render_retention(run_retention_bench(shards=shards, jobs=jobs, say=self.stdout.write)))
+        self.stdout.write(rerun_line(retention_shards=shards) + f" --retention-jobs {jobs}")
 
     def io_bench(self, sizes: list[int]) -> None:
         self.stdout.write("")

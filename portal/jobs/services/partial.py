@@ -64,7 +64,7 @@ def job_partial_output(job: Job) -> PartialOutput:
     published = job.is_finished or job.retry_round > 0
     if published and store_for(job.output_uri).exists(job.output_uri):
         return PartialOutput(
-            shards=first_round.count(),
+            shards=job.shard_count,
             records=job.total_records or 0,
             complete=job.is_finished,
             pieces=(job.output_uri,),

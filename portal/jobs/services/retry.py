@@ -7,18 +7,22 @@ that round puts each new line in place of the error line it replaces, in the sam
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import orjson
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.execution.plan import ShardWriter
 from portal.execution.scheduler import schedule_job
 from portal.execution.shard_cut import ShardCut
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
+from portal.jobs.services.retention import shards_kept
 from portal.jobs.storage_layout import job_root, shard_prefix
 from portal.jobs.transitions import job_transition
 from tasks.shared.formats.records import Record, input_field_for
@@ -37,10 +41,22 @@ def _failed_ids(job: Job) -> set[str]:
         return {orjson.loads(line)["custom_id"] for line in errors}
 
 
+def job_retryable(job: Job, *, now: dt.datetime) -> bool:
+    """Whether `job_retry` may run the job again: it ended with failed records, and within the retention
+    (`shards_kept`), since the retry reads the last round's shard inputs from the shard rows."""
+    ended_with_errors = job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0
+    return ended_with_errors and shards_kept(job, now=now)
+
+
 def job_retry(*, job: Job, actor: User | None = None) -> Job:
     """Run the failed records of an ended job again; `actor` is who asked, for the audit log."""
     if job.status not in RETRYABLE_STATUSES or not job.shard_count:
         raise CannotRetry(f"job {job.id} is {job.status}; only a partially succeeded, failed or expired job retries")
+    if not shards_kept(job, now=timezone.now()):
+        raise CannotRetry(
+            f"job {job.id} ended more than {settings.BATCHERY_SHARD_RETENTION_DAYS} days ago and its shard rows are "
+            "removed (BATCHERY_SHARD_RETENTION_DAYS): it can be re-run, no longer retried"
+        )
     failed = _failed_ids(job)
     if not failed:
         raise CannotRetry(f"job {job.id} has no failed records")

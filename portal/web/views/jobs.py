@@ -15,12 +15,13 @@ from django.contrib.auth.models import User
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.api.downloads import stream_object, stream_partial
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.input_display import tenant_input_uri, tenant_job_error
-from portal.jobs.models import FINAL_STATUSES, RETRYABLE_STATUSES, Job, JobStatus
+from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file
@@ -28,7 +29,7 @@ from portal.jobs.services.dry_run import DryRunReport, job_dry_run
 from portal.jobs.services.input_access import tenant_input_roots
 from portal.jobs.services.partial import OFFERED_STATUSES, job_partial_output
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
-from portal.jobs.services.retry import CannotRetry, job_retry
+from portal.jobs.services.retry import CannotRetry, job_retry, job_retryable
 from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.jobs.services.uploads import UploadTooLarge, upload_store
@@ -198,7 +199,7 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "can_cancel": member and job.status in CANCELLABLE,
         "can_pause": member and job.status == JobStatus.RUNNING,
         "can_resume": member and job.status == JobStatus.PAUSED,
-        "can_retry": member and job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0,
+        "can_retry": member and job_retryable(job, now=timezone.now()),
         "downloads": job.is_finished and job.shard_count > 0,
         "partial_download": job.status in OFFERED_STATUSES,
         "sampled_at": time.time(),
