@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Max
+from django.db.models import Count, F, Max, OuterRef, Subquery
 from django.utils import timezone
 
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
@@ -232,15 +232,13 @@ def _tenant_queues(
     would wait behind all of it."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
-    firsts: dict[str, Shard] = {}
+    firsts = _first_waiting(jobs)
     for job in jobs:
         tenant = tenants.setdefault(
             job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.tenant.weight, usage=usage[job.tenant_id])
         )
         pending = counts[str(job.id)][ShardStatus.PENDING]
-        sample = Shard.objects.filter(job=job, status=ShardStatus.PENDING).order_by("index").first()
-        if sample is not None:
-            firsts[str(job.id)] = sample
+        sample = firsts.get(str(job.id))
         tenant.jobs.append(
             WaitingJob(
                 job_id=str(job.id),
@@ -254,6 +252,14 @@ def _tenant_queues(
             )
         )
     return list(tenants.values()), firsts
+
+
+def _first_waiting(jobs: list[Job]) -> dict[str, Shard]:
+    """Each job's first waiting shard, in one query: a query a job made a tick of a queue with a
+    hundred waiting jobs cost half the control plane's CPU (`manage.py simulate`)."""
+    first = Shard.objects.filter(job_id=OuterRef("pk"), status=ShardStatus.PENDING).order_by("index").values("pk")
+    firsts = Job.objects.filter(pk__in=[job.pk for job in jobs]).annotate(first=Subquery(first[:1])).values("first")
+    return {str(shard.job_id): shard for shard in Shard.objects.filter(pk__in=Subquery(firsts))}
 
 
 def schedule_job(*, job_id: str) -> None:

@@ -194,6 +194,16 @@ class Shard(models.Model):
     class Meta:
         ordering = ["job", "index"]
         constraints = [models.UniqueConstraint(fields=["job", "index"], name="unique_shard_index_per_job")]
+        indexes = [
+            # What a scheduler tick reads: each waiting job's unsettled shards by status and its first waiting
+            # ones. Partial: the settled shards, nearly all rows, are not in it, so a tick costs what waits
+            # and runs, not the history of the jobs it looks at.
+            models.Index(
+                fields=["job", "status", "index"],
+                condition=models.Q(status__in=["pending", "dispatched"]),
+                name="jobs_shard_unsettled",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"shard {self.index} of {self.job_id}"
