@@ -21,10 +21,17 @@ DRAINING_KEY_PREFIX = "batchery:draining:"
 DRAINING_TTL_S = 7 * 24 * 3600
 
 
-def heartbeat_key(host: str, slot: str) -> str:
-    """One key per slot: a host may run launchers of several classes, each numbering its slots."""
-    devices = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
-    return f"{FLEET_KEY_PREFIX}{host}:{slot_gpu_class()}:{slot}:{devices}"
+def heartbeat_key(host: str, slot: str, *, gpu_class: str | None = None, devices: str | None = None) -> str:
+    """One key per slot: a host may run launchers of several classes, each numbering its slots.
+
+    The class and the devices (`CUDA_VISIBLE_DEVICES`'s form, `-` for none) default to this process's
+    own; a writer of many slots' beats (the fleet simulator) names each slot with them.
+    """
+    if gpu_class is None:
+        gpu_class = slot_gpu_class()
+    if devices is None:
+        devices = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
+    return f"{FLEET_KEY_PREFIX}{host}:{gpu_class}:{slot}:{devices or '-'}"
 
 
 def draining_key(worker: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from redis.client import Pipeline
 
 from gpuworkers.cache import process_cache
 from gpuworkers.settings import slot_gpu_class, slot_name, slot_queue, slot_worker_name
@@ -54,13 +55,24 @@ def slot_heartbeat() -> dict[str, Any]:
     }
 
 
+def heartbeat_commands(pipe: Pipeline, key: str, beat: dict[str, Any]) -> None:
+    """Queue on `pipe` the writes of one beat (`slot_heartbeat`'s shape) of the slot named `key`
+    (`heartbeat_key`): for every writer of beats, a slot's thread or a simulated slot."""
+    pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
+    pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+
+
+def heartbeat_clear_commands(pipe: Pipeline, key: str) -> None:
+    """Queue on `pipe` what a slot that stops cleanly removes: its beat and its last-seen time (no alert)."""
+    pipe.delete(key)
+    pipe.hdel(LAST_SEEN_KEY, key)
+
+
 def _beat(key: str) -> None:
     while True:
         try:
-            beat = slot_heartbeat()
             pipe = redis_client().pipeline(transaction=False)
-            pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
-            pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+            heartbeat_commands(pipe, key, slot_heartbeat())
             pipe.execute()
         except redis.RedisError as exc:
             logger.warning("heartbeat not sent: %s", exc)
@@ -98,8 +110,7 @@ def stop_heartbeat(**_: Any) -> None:
     key = heartbeat_key(socket.gethostname(), slot)
     try:
         pipe = redis_client().pipeline(transaction=False)
-        pipe.delete(key)
-        pipe.hdel(LAST_SEEN_KEY, key)
+        heartbeat_clear_commands(pipe, key)
         pipe.execute()
     except redis.RedisError:
         return
