@@ -39,7 +39,7 @@ from portal.ops.selectors import fleet_overview, fleet_slots
 from portal.tenancy.models import Membership
 from portal.tenancy.services import membership_add, tenant_get_or_create
 from tasks.shared.config import HEARTBEAT_INTERVAL_S, gpu_queue
-from tasks.shared.fleet import DRAINING_KEY_PREFIX, LAST_SEEN_KEY, heartbeat_key
+from tasks.shared.fleet import DRAINING_KEY_PREFIX, FLEET_INDEX_KEY, LAST_SEEN_KEY, heartbeat_key
 from tasks.shared.redis_client import redis_client
 from tasks.slot.heartbeat import heartbeat_clear_commands, heartbeat_commands, slot_heartbeat
 
@@ -51,7 +51,7 @@ GIB = 2**30
 CLASSES = (("h100-80gb", 80 * GIB), ("a100-80gb", 80 * GIB), ("l40s-48gb", 48 * GIB), ("a10g-24gb", 24 * GIB))
 OTHER_KEY_PREFIX = "bench-fleet-other:"
 # Fleet-wide keys that are not one slot's own (the index of live beats, the last-seen times).
-SHARED_KEYS = (LAST_SEEN_KEY,)
+SHARED_KEYS = (LAST_SEEN_KEY, FLEET_INDEX_KEY)
 ADMIN_FLEET = "/admin/ops/fleetslot/"
 
 

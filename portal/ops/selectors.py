@@ -11,19 +11,17 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
-from tasks.shared.fleet import FLEET_KEY_PREFIX, draining_key
+from tasks.shared.fleet import draining_key, live_beats
 from tasks.shared.redis_client import redis_client
 
 
 def fleet_slots() -> list[dict[str, Any]]:
     """Every slot whose heartbeat is still alive, by host and slot; empty when Redis cannot be read."""
-    client = redis_client()
     try:
-        keys = sorted(client.scan_iter(match=f"{FLEET_KEY_PREFIX}*", count=500))
-        values = client.mget(keys) if keys else []
+        beats = live_beats(redis_client())
     except redis.RedisError:
         return []
-    return [json.loads(value) for value in values if value]
+    return [json.loads(value) for value in beats]
 
 
 def draining_workers(workers: Collection[str]) -> set[str]:

@@ -4,7 +4,6 @@ read-only audit log, and the fleet page with its Drain button."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 import uuid
@@ -36,6 +35,7 @@ from tasks.shared.storage import store_for
 from tasks.slot.heartbeat import slot_heartbeat
 from tests.conftest import ARTIFACTS
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.support.fleet import beats_clear, beats_write
 from tests.support.workers import start_worker, wait_until_consuming
 
 JOBS_URL = "/admin/jobs/job/"
@@ -340,12 +340,12 @@ def heartbeat(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     beat = {**slot_heartbeat(), "host": host, "loaded_models": ["all-MiniLM-L6-v2@1"], "current_shard": "job-1/3"}
     key = heartbeat_key(host, "0")
     assert key.startswith(FLEET_KEY_PREFIX)
-    client = redis_client()
-    client.set(key, json.dumps(beat), ex=60)
+    beats_write({key: beat}, ttl_s=60)
     try:
         yield beat
     finally:
-        client.delete(key, draining_key(beat["worker"]))
+        beats_clear([key])
+        redis_client().delete(draining_key(beat["worker"]))
 
 
 def test_a_heartbeat_names_the_worker_and_queue_the_launcher_gave_its_slot(heartbeat: dict[str, Any]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,9 @@ from portal.jobs.services.uploads import uploads_root
 from portal.tenancy.apikeys import apikey_authenticate
 from portal.tenancy.models import ApiKey, Membership, Quota, Tenant
 from portal.web.access import SESSION_TENANT
-from tasks.shared.fleet import FLEET_KEY_PREFIX
-from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import store_for
 from tests.factories import TenantFactory
+from tests.support.fleet import beats_clear, beats_write, slot_beat
 from tests.web.conftest import PASSWORD, make_job
 
 pytestmark = pytest.mark.django_db
@@ -299,27 +297,23 @@ def test_the_fleet_shows_slots_and_hides_another_tenants_shard(
     ours = make_job(acme, minilm, status=JobStatus.RUNNING)
     theirs = make_job(TenantFactory(name="globex"), minilm, status=JobStatus.RUNNING)
     telemetry = {"utilization": 87, "memory_used": 40 * 2**30, "memory_total": 80 * 2**30}
-    beats = {
-        f"{FLEET_KEY_PREFIX}test-host:a100:{slot}:{slot}": {
-            "host": "test-host",
-            "slot": str(slot),
-            "gpu_class": "a100",
-            "gpus": [slot],
-            "pid": 1,
-            "loaded_models": ["all-MiniLM-L6-v2@1"],
-            "current_shard": f"{job.pk}/{slot}",
-            "telemetry": [{"gpu": slot, **telemetry}],
-            "at": time.time(),
-        }
+    beats = dict(
+        slot_beat(
+            host="test-host",
+            slot=slot,
+            gpu_class="a100",
+            gpus=[slot],
+            loaded_models=["all-MiniLM-L6-v2@1"],
+            current_shard=f"{job.pk}/{slot}",
+            telemetry=[{"gpu": slot, **telemetry}],
+        )
         for slot, job in enumerate([ours, theirs])
-    }
-    client = redis_client()
-    for key, beat in beats.items():
-        client.set(key, json.dumps(beat), ex=60)
+    )
+    beats_write(beats, ttl_s=60)
     try:
         html = _client(person("alice", acme)).get("/fleet/").content.decode()
     finally:
-        client.delete(*beats)
+        beats_clear(beats)
     assert "test-host" in html and "all-MiniLM-L6-v2@1" in html and "87%" in html
     assert f"/jobs/{ours.pk}/" in html
     assert str(theirs.pk) not in html and "busy (another tenant)" in html
