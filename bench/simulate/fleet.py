@@ -41,10 +41,11 @@ from kombu.message import Message
 
 from bench.simulate.gpu_model import SlotVanished, slot_context
 from tasks.shared.config import HEARTBEAT_INTERVAL_S, WAVE_TASK
-from tasks.shared.fleet import DRAINING_TTL_S, FLEET_KEY_PREFIX, HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key
+from tasks.shared.fleet import DRAINING_TTL_S, draining_key, heartbeat_key
 from tasks.shared.redis_client import redis_client
 from tasks.slot import run_shard  # noqa: F401  (registers the shard tasks, as a slot's worker imports them)
 from tasks.slot.app import app
+from tasks.slot.heartbeat import heartbeat_clear_commands, heartbeat_commands
 
 logger = logging.getLogger("bench.simulate.fleet")
 
@@ -72,7 +73,7 @@ class VirtualSlot:
 
     @property
     def key(self) -> str:
-        return f"{FLEET_KEY_PREFIX}{self.host}:{self.gpu_class}:{self.slot}:{self.slot}"
+        return heartbeat_key(self.host, self.slot, gpu_class=self.gpu_class, devices=self.slot)
 
     def beat(self) -> dict[str, Any]:
         return {
@@ -205,11 +206,7 @@ class Heartbeats:
                 for slot in self.slots:
                     if now < slot.away_until:
                         continue
-                    beat = slot.beat()
-                    pipe.set(slot.key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
-                    pipe.hset(
-                        LAST_SEEN_KEY, slot.key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")})
-                    )
+                    heartbeat_commands(pipe, slot.key, slot.beat())
                 pipe.execute()
             except Exception:
                 logger.exception("heartbeats not sent")
@@ -218,8 +215,7 @@ class Heartbeats:
     def remove(self) -> None:
         pipe = redis_client().pipeline(transaction=False)
         for slot in self.slots:
-            pipe.delete(slot.key)
-            pipe.hdel(LAST_SEEN_KEY, slot.key)
+            heartbeat_clear_commands(pipe, slot.key)
         pipe.execute()
 
 
@@ -238,8 +234,8 @@ def _apply(fault: dict[str, Any], slots: dict[str, VirtualSlot], events: EventLo
         if kind == "slow":
             slot.slowness = float(fault["slowness"])
         elif kind in ("vanish", "broker_loss"):
+            # Its beat stops and expires, as a dead process's does.
             slot.away_until = now + float(fault["duration_s"])
-            redis_client().delete(slot.key)
             slot.generation += 1
             slot.gone.set()
         elif kind == "drain":

@@ -41,7 +41,7 @@ from bench.simulate.workload import (
 )
 from portal.jobs.models import FINAL_STATUSES, Job, Shard, ShardStatus
 from portal.jobs.services.pause import job_pause, job_resume
-from portal.jobs.services.stop import job_cancel
+from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.ops.selectors import fleet_slots
 from tasks.shared.config import gpu_queue
 from tasks.shared.redis_client import redis_client
@@ -381,8 +381,8 @@ def _stops(planned: PlannedJob, job: Submitted, now: float) -> list[Action]:
         return []
 
     def cancel() -> None:
-        job_cancel(job=Job.objects.get(pk=job.job_id))
-        job.actions.append("cancelled")
+        if _cancel(Job.objects.get(pk=job.job_id)):
+            job.actions.append("cancelled")
 
     def pause() -> None:
         found = Job.objects.get(pk=job.job_id)
@@ -401,6 +401,15 @@ def _stops(planned: PlannedJob, job: Submitted, now: float) -> list[Action]:
     if planned.pause_for_s is not None:
         return [Action(now + 20, pause), Action(now + 20 + planned.pause_for_s, resume)]
     return []
+
+
+def _cancel(job: Job) -> bool:
+    """Cancel the job unless it ended meanwhile."""
+    try:
+        job_cancel(job=job)
+    except CannotStop:
+        return False
+    return True
 
 
 def _link_batches(submitted: list[Submitted]) -> None:

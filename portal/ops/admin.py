@@ -1,4 +1,5 @@
-"""The fleet in the admin: each live slot from its heartbeat, with a Drain button per slot.
+"""The fleet in the admin: a line per GPU class, then each live slot of a page of hosts from its
+heartbeat, with a Drain button per slot.
 
 The page hangs off the `FleetSlot` placeholder, so it sits in the admin index under Ops; it has
 only two views, the list and the drain (POST), and reads nothing from the database.
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from portal.audit.admin import admin_actor
 from portal.ops.models import FleetSlot
-from portal.ops.selectors import fleet_overview, flower_link, live_slot
+from portal.ops.selectors import fleet_classes, fleet_hosts_page, fleet_overview, flower_link, live_slot
 from portal.ops.services import slot_drain
 
 DRAIN_PERMISSION = "ops.drain_slot"
@@ -41,11 +42,14 @@ class FleetAdmin(admin.ModelAdmin):
     def fleet_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        slots = fleet_overview()
         context = {
             **self.admin_site.each_context(request),
             "title": "Fleet",
             "opts": self.opts,
-            "slots": fleet_overview(),
+            "slots": slots,
+            "classes": fleet_classes(slots),
+            "hosts_page": fleet_hosts_page(slots, host=lambda slot: str(slot["host"]), page=request.GET.get("page")),
             "may_drain": request.user.has_perm(DRAIN_PERMISSION),
             "flower_url": flower_link(request.user),
         }

@@ -22,7 +22,7 @@ from django.utils import timezone
 from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
 from portal.jobs.selectors import JobProgress, job_progress, job_steps, usage_per_month
-from portal.ops.selectors import fleet_slots
+from portal.ops.selectors import ClassSummary, fleet_classes, fleet_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.leases import shard_lease_key
 from tasks.shared.progress import read_shard_progress
@@ -322,8 +322,16 @@ class SlotView:
     """Seconds since the last heartbeat."""
 
 
-def fleet_view(tenant: Tenant) -> list[SlotView]:
-    """Every live slot, by host and slot, with the shard it runs shown only if it is the tenant's."""
+@dataclass(frozen=True)
+class FleetView:
+    slots: list[SlotView]
+    """Every live slot, by host and slot."""
+    classes: list[ClassSummary]
+    """A line per GPU class, counting the slots that run the tenant's shards."""
+
+
+def fleet_view(tenant: Tenant) -> FleetView:
+    """Every live slot, with the shard it runs shown only if it is the tenant's, and a summary per class."""
     beats = fleet_slots()
     job_ids = {str(beat.get("current_shard") or "").partition("/")[0] for beat in beats} - {""}
     own = {str(pk) for pk in Job.objects.filter(tenant=tenant, pk__in=_uuids(job_ids)).values_list("pk", flat=True)}
@@ -354,7 +362,8 @@ def fleet_view(tenant: Tenant) -> list[SlotView]:
                 age=max(0.0, now - float(beat.get("at", now))),
             )
         )
-    return sorted(slots, key=lambda slot: (slot.host, slot.gpu_class, slot.slot))
+    slots.sort(key=lambda slot: (slot.host, slot.gpu_class, slot.slot))
+    return FleetView(slots=slots, classes=fleet_classes(beats, own_jobs=own))
 
 
 def _uuids(values: Iterable[str]) -> list[str]:

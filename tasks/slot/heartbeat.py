@@ -18,12 +18,13 @@ from typing import Any
 
 import redis
 from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from redis.client import Pipeline
 
 from gpuworkers.cache import process_cache
 from gpuworkers.settings import slot_gpu_class, slot_name, slot_queue, slot_worker_name
 from gpuworkers.telemetry import gpu_telemetry
 from tasks.shared.config import HEARTBEAT_INTERVAL_S
-from tasks.shared.fleet import HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
+from tasks.shared.fleet import FLEET_INDEX_KEY, HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
 from tasks.shared.redis_client import redis_client
 from tasks.slot import state as slot_state
 
@@ -54,13 +55,27 @@ def slot_heartbeat() -> dict[str, Any]:
     }
 
 
+def heartbeat_commands(pipe: Pipeline, key: str, beat: dict[str, Any]) -> None:
+    """Queue on `pipe` the writes of one beat (`slot_heartbeat`'s shape) of the slot named `key`
+    (`heartbeat_key`): for every writer of beats, a slot's thread or a simulated slot."""
+    pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
+    pipe.sadd(FLEET_INDEX_KEY, key)
+    pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+
+
+def heartbeat_clear_commands(pipe: Pipeline, key: str) -> None:
+    """Queue on `pipe` what a slot that stops cleanly removes: its beat, its place in the index and its
+    last-seen time (no alert)."""
+    pipe.delete(key)
+    pipe.srem(FLEET_INDEX_KEY, key)
+    pipe.hdel(LAST_SEEN_KEY, key)
+
+
 def _beat(key: str) -> None:
     while True:
         try:
-            beat = slot_heartbeat()
             pipe = redis_client().pipeline(transaction=False)
-            pipe.set(key, json.dumps(beat), ex=HEARTBEAT_TTL_S)
-            pipe.hset(LAST_SEEN_KEY, key, json.dumps({k: beat[k] for k in ("host", "slot", "gpu_class", "at")}))
+            heartbeat_commands(pipe, key, slot_heartbeat())
             pipe.execute()
         except redis.RedisError as exc:
             logger.warning("heartbeat not sent: %s", exc)
@@ -98,8 +113,7 @@ def stop_heartbeat(**_: Any) -> None:
     key = heartbeat_key(socket.gethostname(), slot)
     try:
         pipe = redis_client().pipeline(transaction=False)
-        pipe.delete(key)
-        pipe.hdel(LAST_SEEN_KEY, key)
+        heartbeat_clear_commands(pipe, key)
         pipe.execute()
     except redis.RedisError:
         return

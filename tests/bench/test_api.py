@@ -16,7 +16,18 @@ def test_the_api_bench_reports_the_cpu_of_portal_and_clients_and_where_the_porta
     tmp_path: Path,
 ) -> None:
     parts = ["--sentences", "0", "--metrics-sentences", "0", "--fairness-slots", "0", "--ceiling-slots", "0"]
-    load = ["--api-jobs", "300", "--api-clients", "4", "--api-seconds", "2", "--reconcile-jobs", "0"]
+    load = [
+        "--api-jobs",
+        "300",
+        "--api-clients",
+        "4",
+        "--api-seconds",
+        "2",
+        "--reconcile-jobs",
+        "0",
+        "--fleet-slots",
+        "0",
+    ]
 
     out = manage_as_newcomer("bench", "--skip-io", *parts, *load, var_dir=tmp_path / "var")
 

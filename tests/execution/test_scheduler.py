@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -30,9 +28,9 @@ from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.tenancy.models import FairShareUsage
 from tasks.shared.config import gpu_queue
-from tasks.shared.fleet import FLEET_KEY_PREFIX
 from tasks.shared.redis_client import redis_client
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory
+from tests.support.fleet import live_slots
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,17 +86,11 @@ def test_a_queue_gets_no_more_than_its_window_shared_by_weight(gpu_class: Any, t
 
 def test_the_window_is_two_shards_for_each_live_slot_that_consumes_the_queue(gpu_class: Any, tmp_path: Path) -> None:
     queue = gpu_queue(gpu_class.name)
-    client = redis_client()
-    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(3)]
-    for key in keys:
-        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
-    try:
+    with live_slots(gpu_class.name, 3):
         model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
         job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=20)
         assert schedule_queue(queue) == 6
         assert _dispatched(job) == 6
-    finally:
-        client.delete(*keys)
 
 
 def test_a_finished_shard_is_settled_corrected_learned_from_and_its_place_refilled(
@@ -416,10 +408,7 @@ def test_the_longest_waiting_shard_sizes_the_window_so_a_late_tenant_waits_no_lo
     gpu_class: Any, tmp_path: Path
 ) -> None:
     queue = gpu_queue(gpu_class.name)
-    client = redis_client()
-    key = f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:0:-"
-    client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
-    try:
+    with live_slots(gpu_class.name, 1):
         model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
         tiny = _running_job(TenantFactory(name="tiny"), model, tmp_path, shards=40)
         Shard.objects.filter(job=tiny).update(estimated_seconds=0.05)
@@ -429,19 +418,13 @@ def test_the_longest_waiting_shard_sizes_the_window_so_a_late_tenant_waits_no_lo
         Shard.objects.filter(job=long).update(estimated_seconds=10.0)
         capacity._cached = None
         assert schedule_queue(queue) == 0, "with 10 s shards waiting, the window is two shards again"
-    finally:
-        client.delete(key)
 
 
 def test_a_jobs_short_first_shards_do_not_widen_the_window_its_full_size_ones_would_fill(
     gpu_class: Any, tmp_path: Path
 ) -> None:
     queue = gpu_queue(gpu_class.name)
-    client = redis_client()
-    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(4)]
-    for key in keys:
-        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
-    try:
+    with live_slots(gpu_class.name, 4):
         model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
         early = _running_job(TenantFactory(name="early"), model, tmp_path, shards=30)
         # Cut short for a fast first result, then a second each: what planning gives a fresh job.
@@ -454,8 +437,6 @@ def test_a_jobs_short_first_shards_do_not_widen_the_window_its_full_size_ones_wo
         Shard.objects.filter(job=early, status=ShardStatus.DISPATCHED, index__lt=4).update(status=ShardStatus.SUCCEEDED)
         assert schedule_queue(queue) == 4
         assert _dispatched(late) == 4, "the places freed go to the tenant that arrived, at once"
-    finally:
-        client.delete(*keys)
 
 
 def test_a_queue_whose_tick_fails_does_not_keep_the_sweep_from_filling_the_others(

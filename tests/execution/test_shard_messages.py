@@ -4,8 +4,6 @@ and the chords (waves) a tick sends them in."""
 
 from __future__ import annotations
 
-import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +20,9 @@ from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from tasks.app import app
 from tasks.shared.config import gpu_queue
-from tasks.shared.fleet import FLEET_KEY_PREFIX
 from tasks.shared.logging_setup import received_log_fields
-from tasks.shared.redis_client import redis_client
 from tests.factories import ModelFactory, TenantFactory
+from tests.support.fleet import live_slots
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,17 +86,10 @@ def test_a_shards_message_prints_the_fields_that_name_it_and_carries_its_whole_s
 @pytest.fixture
 def two_live_slots(gpu_class: Any) -> Iterator[str]:
     """Two slots consuming the class's queue, as their heartbeats announce them."""
-    queue = gpu_queue(gpu_class.name)
-    client = redis_client()
-    keys = [f"{FLEET_KEY_PREFIX}host:{gpu_class.name}:{slot}:-" for slot in range(2)]
-    for key in keys:
-        client.set(key, json.dumps({"queue": queue, "worker": "", "current_shard": None, "at": time.time()}), ex=30)
     capacity._cached = None
-    try:
-        yield queue
-    finally:
-        client.delete(*keys)
-        capacity._cached = None
+    with live_slots(gpu_class.name, 2):
+        yield gpu_queue(gpu_class.name)
+    capacity._cached = None
 
 
 def _sent_chords(queue: str, task_ids: dict[int, str] | None = None) -> dict[tuple[int, ...], list[int]]:

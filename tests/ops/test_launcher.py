@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from portal.jobs.models import Job
+from tasks.shared.fleet import FLEET_INDEX_KEY
 from tests.factories import GpuClassFactory, ModelFactory
 from tests.ops.conftest import Launcher, wait_slots
 from tests.support.chaos import ChaosStack, check_exactly_once, wait_for, write_records
@@ -116,7 +117,11 @@ def test_sigterm_during_a_shard_lets_it_finish_starts_no_other_and_the_launcher_
     assert (shard_dir / "commit.json").exists(), "the running shard finished and committed"
     assert started() == before, "no other shard started"
     client = redis.Redis.from_url(stack.broker_url)
-    wait_for(lambda: not list(client.scan_iter(match="batchery:fleet:*")), timeout_s=10, what="the heartbeat to go")
+    wait_for(
+        lambda: not list(client.scan_iter(match="batchery:fleet:*")) and not client.scard(FLEET_INDEX_KEY),
+        timeout_s=10,
+        what="the heartbeat and its place in the fleet's index to go",
+    )
 
 
 def test_a_second_sigint_stops_every_slot_at_once(

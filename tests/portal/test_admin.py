@@ -4,7 +4,6 @@ read-only audit log, and the fleet page with its Drain button."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 import uuid
@@ -28,6 +27,7 @@ from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
+from portal.ops.selectors import FLEET_HOSTS_PER_PAGE
 from portal.ops.services import slot_drain
 from portal.tenancy.models import Membership, Quota, Tenant
 from tasks.shared.fleet import FLEET_KEY_PREFIX, draining_key, heartbeat_key
@@ -36,6 +36,7 @@ from tasks.shared.storage import store_for
 from tasks.slot.heartbeat import slot_heartbeat
 from tests.conftest import ARTIFACTS
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.support.fleet import beats_clear, beats_write, slot_beat
 from tests.support.workers import start_worker, wait_until_consuming
 
 JOBS_URL = "/admin/jobs/job/"
@@ -340,12 +341,12 @@ def heartbeat(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     beat = {**slot_heartbeat(), "host": host, "loaded_models": ["all-MiniLM-L6-v2@1"], "current_shard": "job-1/3"}
     key = heartbeat_key(host, "0")
     assert key.startswith(FLEET_KEY_PREFIX)
-    client = redis_client()
-    client.set(key, json.dumps(beat), ex=60)
+    beats_write({key: beat}, ttl_s=60)
     try:
         yield beat
     finally:
-        client.delete(key, draining_key(beat["worker"]))
+        beats_clear([key])
+        redis_client().delete(draining_key(beat["worker"]))
 
 
 def test_a_heartbeat_names_the_worker_and_queue_the_launcher_gave_its_slot(heartbeat: dict[str, Any]) -> None:
@@ -371,6 +372,30 @@ def test_the_fleet_page_lists_each_slot_with_a_drain_button(admin_client: Client
         assert text in html
     assert f'<input type="hidden" name="worker" value="{heartbeat["worker"]}">' in html
     assert "csrfmiddlewaretoken" in html
+
+
+def test_a_large_fleet_in_the_admin_shows_a_line_per_class_and_a_page_of_hosts(admin_client: Client) -> None:
+    prefix = f"rack-{uuid.uuid4().hex[:6]}-"
+    gpu_class = f"{prefix}class"
+    hosts = [f"{prefix}{n:02d}" for n in range(FLEET_HOSTS_PER_PAGE + 1)]
+    beats = dict(
+        slot_beat(host=host, slot=0, gpu_class=gpu_class, worker=f"slot0-{gpu_class}@{host}") for host in hosts
+    )
+    beats_write(beats, ttl_s=60)
+    drained = draining_key(f"slot0-{gpu_class}@{hosts[0]}")
+    redis_client().set(drained, "1", ex=60)
+    try:
+        pages = [admin_client.get(FLEET_URL), admin_client.get(f"{FLEET_URL}?page=2")]
+    finally:
+        beats_clear(beats)
+        redis_client().delete(drained)
+
+    shown = [[host.host for host in page.context["hosts_page"] if host.host.startswith(prefix)] for page in pages]
+    assert sorted(shown[0] + shown[1]) == hosts
+    assert len(list(pages[0].context["hosts_page"])) == FLEET_HOSTS_PER_PAGE
+    (line,) = [line for line in pages[0].context["classes"] if line.gpu_class == gpu_class]
+    assert (line.hosts, line.slots, line.busy, line.draining) == (len(hosts), len(hosts), 0, 1)
+    assert f"<td>{gpu_class}</td>" in pages[0].content.decode() and "?page=2" in pages[0].content.decode()
 
 
 def test_drain_posts_to_the_service_with_the_queue_of_the_slots_heartbeat(

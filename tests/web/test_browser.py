@@ -20,10 +20,9 @@ from portal.jobs.services.stop import CannotStop, job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.jobs.services.uploads import uploads_root
 from portal.tenancy.models import Membership, Tenant
-from tasks.shared.fleet import heartbeat_key
-from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import join_uri, store_for
 from tests.factories import ModelFactory, TenantFactory
+from tests.support.fleet import beats_clear, beats_write, slot_beat
 from tests.support.jobs import read_lines, wait_for_job
 from tests.support.workers import wait_until_idle
 from tests.web.conftest import make_job, sign_in
@@ -190,36 +189,29 @@ def test_another_tenants_job_answers_404_in_the_browser(
     assert page.request.get(f"/jobs/{theirs.pk}/output/").status == 404
 
 
-def _fake_heartbeats(running: Job, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _fake_heartbeats(running: Job) -> list[str]:
     """Heartbeats as two GPU slots would write them (the test worker sends none), one running a
     shard of `running`: the fields of `tasks.slot.heartbeat.slot_heartbeat`, under its keys."""
-    client = redis_client()
-    keys = []
     gib = 2**30
     slots = [
-        ("0", ["all-MiniLM-L6-v2@1", "slow-echo@1"], f"{running.pk}/3", 91, 31 * gib),
-        ("1", ["all-MiniLM-L6-v2@1"], None, 4, 9 * gib),
+        (0, ["all-MiniLM-L6-v2@1", "slow-echo@1"], f"{running.pk}/3", 91, 31 * gib),
+        (1, ["all-MiniLM-L6-v2@1"], None, 4, 9 * gib),
     ]
-    for slot, models, shard, utilization, memory in slots:
-        monkeypatch.setenv("BATCHERY_GPU_CLASS", "a100")
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", slot)
-        key = heartbeat_key("gpu-node-01", slot)
-        beat = {
-            "host": "gpu-node-01",
-            "slot": slot,
-            "gpu_class": "a100",
-            "gpus": [int(slot)],
-            "pid": os.getpid(),
-            "loaded_models": models,
-            "current_shard": shard,
-            "telemetry": [
-                {"gpu": int(slot), "utilization": utilization, "memory_used": memory, "memory_total": 80 * gib}
-            ],
-            "at": time.time(),
-        }
-        client.set(key, json.dumps(beat), ex=60)
-        keys.append(key)
-    return keys
+    beats = dict(
+        slot_beat(
+            host="gpu-node-01",
+            slot=slot,
+            gpu_class="a100",
+            gpus=[slot],
+            pid=os.getpid(),
+            loaded_models=models,
+            current_shard=shard,
+            telemetry=[{"gpu": slot, "utilization": utilization, "memory_used": memory, "memory_total": 80 * gib}],
+        )
+        for slot, models, shard, utilization, memory in slots
+    )
+    beats_write(beats, ttl_s=60)
+    return list(beats)
 
 
 def test_screenshots_of_the_portal(
@@ -230,7 +222,6 @@ def test_screenshots_of_the_portal(
     minilm: Any,
     write_jsonl: Callable[..., Path],
     screenshot: Callable[[Any, str], Path],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     alice = person("alice", acme, role=Membership.Role.ADMIN)
     finished = job_submit(
@@ -270,7 +261,7 @@ def test_screenshots_of_the_portal(
         page.wait_for_function("document.querySelectorAll('#throughput-chart polyline').length > 0")
         shots.append(screenshot(page, "job-finished"))
 
-        heartbeats = _fake_heartbeats(running, monkeypatch)
+        heartbeats = _fake_heartbeats(running)
         page.goto("/fleet/")
         expect(page.locator("#fleet-live")).to_contain_text("gpu-node-01")
         shots.append(screenshot(page, "fleet"))
@@ -288,7 +279,7 @@ def test_screenshots_of_the_portal(
         shots.append(screenshot(page, "api-keys"))
     finally:
         if heartbeats:
-            redis_client().delete(*heartbeats)
+            beats_clear(heartbeats)
         with contextlib.suppress(CannotStop):  # free the worker for the next tests
             job_cancel(job=Job.objects.get(pk=running.pk))
         # Its cancellation and its shards' last callbacks done before the teardown truncates the tables.

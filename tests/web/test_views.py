@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
+import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,13 @@ from django.test import Client
 
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.services.uploads import uploads_root
+from portal.ops.selectors import FLEET_HOSTS_PER_PAGE
 from portal.tenancy.apikeys import apikey_authenticate
 from portal.tenancy.models import ApiKey, Membership, Quota, Tenant
 from portal.web.access import SESSION_TENANT
-from tasks.shared.fleet import FLEET_KEY_PREFIX
-from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import store_for
 from tests.factories import TenantFactory
+from tests.support.fleet import beats_clear, beats_write, slot_beat
 from tests.web.conftest import PASSWORD, make_job
 
 pytestmark = pytest.mark.django_db
@@ -299,30 +300,61 @@ def test_the_fleet_shows_slots_and_hides_another_tenants_shard(
     ours = make_job(acme, minilm, status=JobStatus.RUNNING)
     theirs = make_job(TenantFactory(name="globex"), minilm, status=JobStatus.RUNNING)
     telemetry = {"utilization": 87, "memory_used": 40 * 2**30, "memory_total": 80 * 2**30}
-    beats = {
-        f"{FLEET_KEY_PREFIX}test-host:a100:{slot}:{slot}": {
-            "host": "test-host",
-            "slot": str(slot),
-            "gpu_class": "a100",
-            "gpus": [slot],
-            "pid": 1,
-            "loaded_models": ["all-MiniLM-L6-v2@1"],
-            "current_shard": f"{job.pk}/{slot}",
-            "telemetry": [{"gpu": slot, **telemetry}],
-            "at": time.time(),
-        }
+    beats = dict(
+        slot_beat(
+            host="test-host",
+            slot=slot,
+            gpu_class="a100",
+            gpus=[slot],
+            loaded_models=["all-MiniLM-L6-v2@1"],
+            current_shard=f"{job.pk}/{slot}",
+            telemetry=[{"gpu": slot, **telemetry}],
+        )
         for slot, job in enumerate([ours, theirs])
-    }
-    client = redis_client()
-    for key, beat in beats.items():
-        client.set(key, json.dumps(beat), ex=60)
+    )
+    beats_write(beats, ttl_s=60)
     try:
         html = _client(person("alice", acme)).get("/fleet/").content.decode()
     finally:
-        client.delete(*beats)
+        beats_clear(beats)
     assert "test-host" in html and "all-MiniLM-L6-v2@1" in html and "87%" in html
     assert f"/jobs/{ours.pk}/" in html
     assert str(theirs.pk) not in html and "busy (another tenant)" in html
+
+
+def test_a_large_fleet_shows_a_line_per_class_and_its_hosts_a_page_at_a_time(
+    person: Callable[..., User], acme: Tenant, minilm: Any
+) -> None:
+    ours = make_job(acme, minilm, status=JobStatus.RUNNING)
+    prefix = f"rack-{uuid.uuid4().hex[:6]}-"
+    hosts = [f"{prefix}{n:02d}" for n in range(FLEET_HOSTS_PER_PAGE + 4)]
+    beats = dict(
+        slot_beat(
+            host=host,
+            slot=slot,
+            gpu_class=f"{prefix}{'big' if n % 2 else 'small'}",
+            current_shard=f"{ours.pk}/{n}" if (n, slot) == (0, 0) else None,
+            telemetry=[{"gpu": slot, "utilization": 50, "memory_used": 0, "memory_total": 1}],
+        )
+        for n, host in enumerate(hosts)
+        for slot in range(2)
+    )
+    beats_write(beats, ttl_s=60)
+    client = _client(person("alice", acme))
+    try:
+        first = client.get("/fleet/").content.decode()
+        second = client.get("/fleet/live/?page=2").content.decode()
+    finally:
+        beats_clear(beats)
+
+    shown = [re.findall(rf"<h2>({prefix}\d+)</h2>", html) for html in (first, second)]
+    assert sorted(shown[0] + shown[1]) == hosts, "every host once, over the two pages"
+    assert len(re.findall(r"<h2>[^<]+</h2>", first)) == FLEET_HOSTS_PER_PAGE
+    assert "/fleet/?page=2" in first and "/fleet/live/?page=2" in second, "the polled part stays on its page"
+    row = re.search(rf"<td>{prefix}small</td>(.*?)</tr>", first, re.DOTALL)
+    assert row is not None
+    figures = re.findall(r'<td class="num">([^<]+)</td>', row[1])
+    assert figures == ["10", "20", "1", "19", "1", "50%"], "hosts, slots, busy, idle, running yours, utilization"
 
 
 def test_models_and_usage_pages_show_the_tenants_own(person: Callable[..., User], acme: Tenant, minilm: Any) -> None:

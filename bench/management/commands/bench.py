@@ -33,6 +33,7 @@ from bench.bare import bare_limit_rate, bare_loop_rate
 from bench.ceiling import render_ceiling, run_ceiling_bench
 from bench.fairness import render_fairness, run_fairness_bench
 from bench.first_result import FirstResult, first_result
+from bench.fleet_scale import render_fleet, run_fleet_bench
 from bench.job import timed_job
 from bench.metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from bench.parquet import render_parquet, run_parquet_bench
@@ -89,6 +90,7 @@ PARTS = (
     "api-jobs",
     "reconcile-jobs",
     "retention-shards",
+    "fleet-slots",
 )
 
 
@@ -190,6 +192,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--retention-jobs", type=int, default=1000, help="jobs the retention run's shards are of")
         parser.add_argument(
+            "--fleet-slots", type=int, default=1000, help="slots' heartbeats of the fleet reads run (0: skip)"
+        )
+        parser.add_argument(
+            "--fleet-other-keys",
+            type=int,
+            default=100_000,
+            help="other keys (results, progress) in the Redis beside the fleet's, for the fleet reads run",
+        )
+        parser.add_argument("--fleet-rounds", type=int, default=20, help="timed reads of each kind in the fleet run")
+        parser.add_argument(
             "--parquet-records",
             type=int,
             default=100_000,
@@ -212,6 +224,8 @@ class Command(BaseCommand):
                 self.platform_bench(options)
                 if options["retention_shards"]:
                     self.retention_bench(options["retention_shards"], options["retention_jobs"])
+                if options["fleet_slots"]:
+                    self.fleet_bench(options)
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
             if options["parquet_records"]:
@@ -257,6 +271,16 @@ class Command(BaseCommand):
         figures = run_fairness_bench(slots=slots, say=self.stdout.write)
         self.stdout.write(render_fairness(figures))
         self.stdout.write(rerun_line(fairness_slots=slots))
+
+    def fleet_bench(self, options: dict[str, Any]) -> None:
+        self.stdout.write("")
+        figures = run_fleet_bench(
+            slots=options["fleet_slots"], other_keys=options["fleet_other_keys"], rounds=options["fleet_rounds"]
+        )
+        self.stdout.write(render_fleet(figures))
+        self.stdout.write(
+            rerun_line(fleet_slots=options["fleet_slots"]) + f" --fleet-other-keys {options['fleet_other_keys']}"
+        )
 
     def platform_bench(self, options: dict[str, Any]) -> None:
         """The platform's own cost: the zero-cost-engine ceiling, the API under load, a reconciler sweep."""

@@ -9,7 +9,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from portal.catalog.selectors import models_for_tenant
-from portal.ops.selectors import flower_link
+from portal.ops.selectors import fleet_hosts_page, flower_link
 from portal.tenancy.access import NoTenantAccess
 from portal.web.access import PortalAccess, page, refused, switch_tenant, tenant_view
 from portal.web.selectors import fleet_view, quota_use, usage_by_month
@@ -21,22 +21,30 @@ def models(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
     return page(request, portal, "web/models.html", {"models": catalog})
 
 
-def _fleet_context(portal: PortalAccess) -> dict[str, Any]:
-    slots = fleet_view(portal.tenant)
-    busy = sum(slot.busy for slot in slots)
-    return {"slots": slots, "busy": busy, "idle": len(slots) - busy}
+def _fleet_context(request: HttpRequest, portal: PortalAccess) -> dict[str, Any]:
+    fleet = fleet_view(portal.tenant)
+    busy = sum(slot.busy for slot in fleet.slots)
+    hosts = fleet_hosts_page(fleet.slots, host=lambda slot: slot.host, page=request.GET.get("page"))
+    return {
+        "slots": fleet.slots,
+        "classes": fleet.classes,
+        "hosts_page": hosts,
+        "host_count": hosts.paginator.count,
+        "busy": busy,
+        "idle": len(fleet.slots) - busy,
+    }
 
 
 @tenant_view()
 def fleet(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
-    context = {**_fleet_context(portal), "flower_url": flower_link(request.user)}
+    context = {**_fleet_context(request, portal), "flower_url": flower_link(request.user)}
     return page(request, portal, "web/fleet.html", context)
 
 
 @tenant_view()
 def fleet_live(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
-    """The fleet's slots, polled by htmx."""
-    return page(request, portal, "web/_fleet_live.html", _fleet_context(portal))
+    """The fleet's summary and a page of its hosts, polled by htmx."""
+    return page(request, portal, "web/_fleet_live.html", _fleet_context(request, portal))
 
 
 @tenant_view()
