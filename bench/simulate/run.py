@@ -307,7 +307,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         for job in Job.objects.exclude(status__in=FINAL_STATUSES).filter(
             pk__in=[s.job_id for s in submitted if s.job_id]
         ):
-            job_cancel(job=job)
+            _cancel(job)
         _wait_ended(submitted, processes, timeout_s=max(300.0, options.minutes * 30))
         _link_batches(submitted)
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)

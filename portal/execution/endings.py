@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, F, OuterRef
@@ -27,8 +28,13 @@ from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.transitions import job_fail
 from tasks import send
 from tasks.shared.config import SHARD_MAX_DISPATCHES
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
+
+ADVANCE_INTERVAL_S = 5
+"""Seconds between two stitches ahead of one job's finished shards by settling (`_advance_due`)."""
+ADVANCE_KEY = "batchery:merge-advance-due:{job_id}"
 
 
 class ShardEnding(NamedTuple):
@@ -77,11 +83,23 @@ def endings_settle(endings: Iterable[ShardEnding | tuple[str, int]]) -> None:
     for job in settled_jobs:
         if not merge_when_settled(job, inline_small=True):
             # Stitch what has finished now, so the merge at the end has only the tail left.
-            job_merge_advance(job_id=str(job.id), worker="settle")
+            if _advance_due(job):
+                job_merge_advance(job_id=str(job.id), worker="settle")
             running.append(job)
     # A job that merges now tells its end instead (`job_ended`): a one-record job's ending asked for
     # its tenant's endpoints twice.
     jobs_progressed.send(sender=Job, jobs=running)
+
+
+def _advance_due(job: Job) -> bool:
+    """Whether settling stitches the job's finished shards ahead now: at most once every
+    `ADVANCE_INTERVAL_S` a job. A stitch at every ending of a job running on many slots cost more than
+    its settling (ten round trips and a storage read, mostly finding nothing new to stitch); the merge at
+    the end stitches what is left. Without Redis, no stitching ahead (it needs a lease)."""
+    try:
+        return bool(redis_client().set(ADVANCE_KEY.format(job_id=job.id), 1, nx=True, ex=ADVANCE_INTERVAL_S))
+    except redis.RedisError:
+        return False
 
 
 def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:
