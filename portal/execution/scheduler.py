@@ -14,13 +14,12 @@ told in docs/architecture.md (Fair share).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F, Max
 from django.utils import timezone
 
@@ -36,6 +35,7 @@ from portal.execution.dispatch import (
     task_id_column,
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
+from portal.execution.locks import lock_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
 from tasks import send
@@ -86,11 +86,7 @@ def decide(state: QueueState) -> DispatchPlan:
 
 def _lock_queue(queue: str) -> None:
     """Serialize the ticks of one queue (until the transaction ends), so two never fill the same places."""
-    if connection.vendor != "postgresql":
-        return  # SQLite (the demo) has one writer at a time anyway.
-    key = int.from_bytes(hashlib.blake2b(f"batchery:schedule:{queue}".encode(), digest_size=8).digest(), signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    lock_until_commit(f"batchery:schedule:{queue}")
 
 
 def schedule_queue(queue: str) -> int:

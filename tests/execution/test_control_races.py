@@ -23,12 +23,15 @@ from django.db import connection, transaction
 from bench.reconcile import write_commit
 from portal.execution.decayed_usage import usage_read
 from portal.execution.endings import shards_requeue
+from portal.execution.locks import held_unless_taken
+from portal.execution.merge import MERGE_LOCK, job_merge
 from portal.execution.reconcile import jobs_reconcile
 from portal.execution.scheduler import schedule_queue
 from portal.execution.settle import Settled, shards_settle
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from tasks.app import app
 from tasks.shared.config import SHARD_MAX_DISPATCHES, gpu_queue
+from tests.execution.test_inline_merge import _finished_one_shard_job
 from tests.execution.test_scheduler import _callbacks_overdue, _running_job
 from tests.factories import ModelFactory, TenantFactory
 
@@ -170,3 +173,38 @@ def test_two_sweeps_at_once_send_each_lost_shard_once_and_charge_it_once(
     usage = usage_read(tenant_ids=[job.tenant_id], gpu_class_id=gpu_class.pk)[job.tenant_id]
     assert usage == pytest.approx(4.0, rel=0.01), "each shard's estimate charged once"
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def test_a_merge_finds_the_job_merged_by_another_process_whose_lease_was_lost_and_stays_out(
+    gpu_class: Any, tmp_path: Path
+) -> None:
+    # Redis restarted empty under a running merge: its lease is gone, and the sweep of another control
+    # process sends the merge again.
+    job, output = _finished_one_shard_job(tmp_path, gpu_class)
+    shards_settle(Job.objects.select_related("model").get(pk=job.pk), list(job.shards.all()))
+    merging, done = threading.Event(), threading.Event()
+
+    def other_merge() -> None:
+        try:
+            with held_unless_taken(MERGE_LOCK.format(job_id=job.pk)) as held:
+                assert held
+                merging.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=other_merge)
+    other.start()
+    merging.wait(10)
+    try:
+        job_merge(job_id=str(job.pk), worker="second")
+        second = Job.objects.get(pk=job.pk)
+    finally:
+        done.set()
+        other.join()
+
+    assert second.status == JobStatus.RUNNING, "the second merge stayed out"
+    assert not (tmp_path / "output.jsonl").exists()
+    job_merge(job_id=str(job.pk), worker="after")
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    assert (tmp_path / "output.jsonl").read_bytes() == output
