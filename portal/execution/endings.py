@@ -179,7 +179,9 @@ def shards_requeue(*, job: Job, shards: Sequence[Shard], reason: str) -> int:
     requeued: list[Shard] = []
     for shard in shards:
         if shard.attempt >= SHARD_MAX_DISPATCHES:
-            Shard.objects.filter(pk=shard.pk, task_id=shard.task_id).update(
+            # Still dispatched: a shard whose last attempt committed and was settled meanwhile (by another
+            # control process's callback) keeps its success.
+            Shard.objects.filter(pk=shard.pk, status=ShardStatus.DISPATCHED, task_id=shard.task_id).update(
                 status=ShardStatus.FAILED,
                 error=f"sent {shard.attempt} times and never finished ({reason})",
                 error_codes={"shard_failed": shard.record_count},

@@ -30,6 +30,7 @@ import orjson
 import redis
 from django.utils import timezone
 
+from portal.execution.locks import held_unless_taken
 from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root, parquet_output_uri
@@ -56,6 +57,8 @@ COPY_BUFFER_BYTES = 1024 * 1024
 STOP_ENDINGS = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
 ADVANCING = (JobStatus.RUNNING, JobStatus.PAUSED)
 """Statuses whose shards may still settle, and so be stitched as they do."""
+MERGE_LOCK = "batchery:merge:{job_id}"
+"""The advisory lock (`locks.held_unless_taken`) a job's merge holds, in whichever control process runs it."""
 # A merge waits this long for a running advance to finish; a dead advance's lease lapses sooner.
 ADVANCE_WAIT_S = 2 * LEASE_TTL_S
 
@@ -395,7 +398,15 @@ def job_merge(*, job_id: str, stop: str | None = None, worker: str = "merger") -
     else:
         resumable = {JobStatus.RUNNING, JobStatus.MERGING}
     try:
-        with Lease(job_lease_key("merge", job_id), worker, exclusive=True):
+        # The lease tells the sweep and the advances a merge runs; the advisory lock keeps a second merge
+        # out even when the lease was lost with Redis, or lapsed while its holder was held up.
+        with (
+            Lease(job_lease_key("merge", job_id), worker, exclusive=True),
+            held_unless_taken(MERGE_LOCK.format(job_id=job_id)) as held,
+        ):
+            if not held:
+                logger.info("job %s is being merged by another control process already", job_id)
+                return
             _wait_for_advances(job_id)
             # Read under the lease: what an earlier holder did is in the row.
             job = Job.objects.select_related("model").get(pk=job_id)

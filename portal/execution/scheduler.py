@@ -14,14 +14,13 @@ told in docs/architecture.md (Fair share).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F, Max, OuterRef, Subquery
 from django.utils import timezone
 
@@ -37,6 +36,7 @@ from portal.execution.dispatch import (
     task_id_column,
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
+from portal.execution.locks import lock_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
 from tasks import send
@@ -87,11 +87,7 @@ def decide(state: QueueState) -> DispatchPlan:
 
 def _lock_queue(queue: str) -> None:
     """Serialize the ticks of one queue (until the transaction ends), so two never fill the same places."""
-    if connection.vendor != "postgresql":
-        return  # SQLite (the demo) has one writer at a time anyway.
-    key = int.from_bytes(hashlib.blake2b(f"batchery:schedule:{queue}".encode(), digest_size=8).digest(), signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    lock_until_commit(f"batchery:schedule:{queue}")
 
 
 def schedule_queue(queue: str) -> int:
@@ -147,13 +143,13 @@ def schedule_queue(queue: str) -> int:
                 pending = Shard.objects.filter(job_id=job_id, status=ShardStatus.PENDING).order_by("index")
                 shards = list(pending[:count])
             tag = new_dispatch_tag()
+            shards = _mark_dispatched(job, shards, now, tag)
             for shard in shards:
                 shard.status = ShardStatus.DISPATCHED
                 shard.task_id = new_task_id(job, shard, tag)
                 shard.attempt += 1
                 shard.dispatched_at = now
                 charges[job.tenant_id] += shard_cost_estimate(job, shard)
-            _mark_dispatched(job, shards, now, tag)
             claimed.append((job, shards))
         usage_charge(charges=charges, gpu_class_id=gpu_class_id, now=now)
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
@@ -174,18 +170,35 @@ def schedule_queue(queue: str) -> int:
     return sent
 
 
-def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) -> None:
-    """Write the job's claimed shards' rows as their objects now say, in one UPDATE whose task ids
-    SQL makes from each row's index and the tick's `tag`: `bulk_update`'s CASE for every column, and
-    then a CASE of the task ids alone, cost more CPU than the rest of a tick."""
+def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) -> list[Shard]:
+    """Mark the job's chosen shards dispatched, in one UPDATE whose task ids SQL makes from each row's
+    index and the tick's `tag` (`bulk_update`'s CASE for every column, and then a CASE of the task ids
+    alone, cost more CPU than the rest of a tick); return those this tick claimed.
+
+    Only rows still pending are claimed. The queue's lock keeps other ticks out, not the settling of a
+    shard sent again (`endings.shards_requeue`) whose first attempt's late callback, in another
+    control process, finds it committed: marked dispatched over that, it would be sent, settled and
+    charged a second time."""
     if not shards:
-        return
-    Shard.objects.filter(pk__in=[shard.pk for shard in shards]).update(
+        return []
+    claimed = Shard.objects.filter(pk__in=[shard.pk for shard in shards], status=ShardStatus.PENDING).update(
         status=ShardStatus.DISPATCHED,
         dispatched_at=now,
         attempt=F("attempt") + 1,
         task_id=task_id_column(job, tag),
     )
+    if claimed == len(shards):
+        return shards
+    # Rare (a settling raced this tick): those claimed carry this tick's tag.
+    mine = set(
+        Shard.objects.filter(pk__in=[shard.pk for shard in shards], task_id__endswith=f"-{tag}").values_list(
+            "pk", flat=True
+        )
+    )
+    logger.info(
+        "job %s: %d of %d shards settled before this tick could send them", job.id, len(shards) - claimed, len(shards)
+    )
+    return [shard for shard in shards if shard.pk in mine]
 
 
 def _nothing_to_send() -> bool:

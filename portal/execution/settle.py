@@ -21,7 +21,7 @@ from django.db import connection
 from portal.catalog.throughput import throughput_observe_many
 from portal.execution.costs import shard_cost_estimate, shard_cost_measured
 from portal.execution.decayed_usage import usage_charge
-from portal.jobs.models import Job, Shard, ShardStatus
+from portal.jobs.models import UNSETTLED, Job, Shard, ShardStatus
 from tasks.app import app
 from tasks.shared.specs import ShardManifest, attempt_started, read_commit
 from tasks.shared.stops import PAUSED
@@ -160,11 +160,18 @@ def shards_record_success(committed: Sequence[tuple[Shard, ShardManifest]]) -> l
     return [(shard, manifest) for shard, manifest in committed if shard.pk in settled]
 
 
-def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed") -> None:
-    """The shard ends without a commit: each of its records becomes an error line coded `code`."""
-    Shard.objects.filter(pk=shard.pk).update(
-        status=ShardStatus.FAILED, error=reason, error_codes={code: shard.record_count}
-    )
+def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed", settling: bool = False) -> bool:
+    """The shard ends without a commit: each of its records becomes an error line coded `code`; True if
+    this call wrote it.
+
+    `settling`: its task's failure, read while the shard was unsettled under that task's id, is written
+    only if it still is. Another control process may have settled it meanwhile (a copy of the shard
+    committed) or sent it again: a success or a new attempt is never overwritten by a stale failure.
+    The merge writes its outcomes unconditionally: they are what the output it publishes holds."""
+    rows = Shard.objects.filter(pk=shard.pk)
+    if settling:
+        rows = rows.filter(status__in=UNSETTLED, task_id=shard.task_id)
+    return bool(rows.update(status=ShardStatus.FAILED, error=reason, error_codes={code: shard.record_count}))
 
 
 def shards_settle(
@@ -206,8 +213,9 @@ def _settle_uncommitted(shard: Shard, *, wave_ended: bool) -> Settled:
         failure = _failure(value)
         if failure.transient:
             return Settled.RETRY
-        shard_record_failure(shard, reason=failure.reason)
-        return Settled.FAILED
+        if shard_record_failure(shard, reason=failure.reason, settling=True):
+            return Settled.FAILED
+        return Settled.RUNNING  # settled by someone else meanwhile: nothing left to do here
     if state == states.SUCCESS and isinstance(value, dict) and value.get("skipped") == PAUSED:
         return Settled.HELD
     if state == states.PENDING and wave_ended:

@@ -1,7 +1,7 @@
 """Fixtures of the chaos suite: a killable stack per test, the test models, and the report table.
 
 `make chaos` runs the suite at full size (CHAOS_SCALE=full) and prints the table; `make test`
-runs it at a smaller size.
+runs it at a smaller size. Each stack runs `CHAOS_CONTROL_WORKERS` control processes (2 unless set).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import redis
 
 from portal.catalog.models import Model
 from tests.factories import ModelFactory
-from tests.support.chaos import CHAOS_ENV, ChaosResult, ChaosStack
+from tests.support.chaos import CHAOS_ENV, CONTROL_WORKERS, ChaosResult, ChaosStack
 from tests.support.workers import database_url
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -36,7 +36,12 @@ def chaos_stack(transactional_db: None, tmp_path: Path, request: pytest.FixtureR
     env = {**os.environ, **CHAOS_ENV}
     env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    stack = ChaosStack(env=env, data_dir=tmp_path / "chaos", log_dir=ARTIFACTS / "chaos-logs" / request.node.name)
+    stack = ChaosStack(
+        env=env,
+        data_dir=tmp_path / "chaos",
+        log_dir=ARTIFACTS / "chaos-logs" / request.node.name,
+        control_workers=CONTROL_WORKERS,
+    )
     stack.start_redis()
     try:
         stack.start_control()

@@ -180,9 +180,9 @@ def test_a_lost_merge_callback_is_replaced_by_the_reconciler(
 
     def drop_callback(job_id: str) -> None:
         # Only once every shard is sent: the scheduler's window holds a few shards a slot, and the rest
-        # would wait for the control worker that is about to stop.
+        # would wait for the control workers that are about to stop (all of them: any would take the callbacks).
         wait_for(last_window_running(job_id), timeout_s=scale(60, 300), what="every shard sent", stack=chaos_stack)
-        chaos_stack.workers["control"].stop()
+        chaos_stack.stop_control()
         committed = commits(job_id)
         wait_for(lambda: committed() == Job.objects.get(pk=job_id).shard_count, timeout_s=60, what="all commits")
         import redis

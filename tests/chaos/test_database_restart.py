@@ -17,7 +17,7 @@ import pytest
 
 from portal.devstack.embedded import free_port
 from tests.chaos.conftest import ARTIFACTS, RESULTS, scale, wait_consuming
-from tests.support.chaos import CHAOS_ENV, ChaosResult, ChaosStack, read_jsonl, wait_for, write_records
+from tests.support.chaos import CHAOS_ENV, CONTROL_WORKERS, ChaosResult, ChaosStack, read_jsonl, wait_for, write_records
 from tests.support.postgres import PrivatePostgres, available
 from tests.support.workers import REPO
 
@@ -43,7 +43,12 @@ def _status(url: str) -> int:
 def private_stack(tmp_path: Path) -> Iterator[tuple[ChaosStack, PrivatePostgres, str]]:
     cluster = PrivatePostgres.create()
     env = {**os.environ, **CHAOS_ENV, "DATABASE_URL": cluster.url, "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    stack = ChaosStack(env=env, data_dir=tmp_path / "chaos", log_dir=ARTIFACTS / "chaos-logs" / "database-restart")
+    stack = ChaosStack(
+        env=env,
+        data_dir=tmp_path / "chaos",
+        log_dir=ARTIFACTS / "chaos-logs" / "database-restart",
+        control_workers=CONTROL_WORKERS,
+    )
     portal = None
     try:
         stack.start_redis()

@@ -54,6 +54,18 @@ def test_the_batchery_services_run_the_commands_of_the_systemd_units() -> None:
         assert command(service)[-2:] == ["--gpu-class", gpu_class]
 
 
+def test_control_workers_scale_out_and_only_the_beat_service_runs_beat() -> None:
+    assert services()["control"]["deploy"]["replicas"] == "${BATCHERY_CONTROL_REPLICAS:-1}"
+    assert "BATCHERY_CONTROL_REPLICAS" in (COMPOSE_DIR / "env.example").read_text()
+    # Every replica is its own node (%h: the container's name); a second beat would double-schedule.
+    assert command("control")[-2:] == ["--hostname", "control@%h"]
+    running_beat = [
+        name for name in services() if {"beat", "--beat", "-B"} & set(services()[name].get("command") or [])
+    ]
+    assert running_beat == ["beat"]
+    assert "replicas" not in services()["beat"].get("deploy", {})
+
+
 @pytest.mark.parametrize("service", sorted(GPU_SERVICES))
 def test_each_gpu_service_reserves_nvidia_gpus(service: str) -> None:
     [device] = services()[service]["deploy"]["resources"]["reservations"]["devices"]

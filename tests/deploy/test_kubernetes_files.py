@@ -229,6 +229,16 @@ def test_the_control_side_has_disruption_budgets_probes_and_requests(site: list[
     assert {"portal", "control"} <= budgets
     [beat] = find(site, "Deployment", "beat")
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate", "two beats double-schedule"
+    # Control workers scale out (any number share the control queue), none of them with beat.
+    [control] = find(site, "Deployment", "control")
+    assert control["spec"]["replicas"] >= 2
+    running_beat = [
+        deployment["metadata"]["name"]
+        for deployment in find(site, "Deployment")
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+        if {"beat", "--beat", "-B"} & set(container.get("command") or [])
+    ]
+    assert running_beat == ["beat"]
     for deployment in find(site, "Deployment"):
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             assert container["resources"]["requests"].get("cpu"), deployment["metadata"]["name"]

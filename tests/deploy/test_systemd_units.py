@@ -37,6 +37,17 @@ def test_the_units_run_the_commands_of_compose_and_kubernetes() -> None:
     assert command("batchery-gpuworkers.service")[1:4] == ["-m", "gpuworkers", "launch"]
 
 
+def test_more_control_workers_on_a_host_are_instances_of_a_template_without_beat() -> None:
+    single, template = command("batchery-control.service"), command("batchery-control@.service")
+    assert template[:-1] == single[:-1], "the same worker as batchery-control, under another node name"
+    assert (single[-1], template[-1]) == ("control@%%H", "control-%i@%%H")
+    assert unit("batchery-control@.service")["EnvironmentFile"] == unit("batchery-control.service")["EnvironmentFile"]
+    running_beat = [
+        path.name for path in SYSTEMD.glob("*.service") if {"beat", "--beat", "-B"} & set(command(path.name))
+    ]
+    assert running_beat == ["batchery-beat.service"]
+
+
 def test_the_gpu_host_reads_an_environment_without_the_database_or_django() -> None:
     service = unit("batchery-gpuworkers.service")
     assert service["EnvironmentFile"] == "/etc/batchery/gpuworkers.env"

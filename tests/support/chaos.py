@@ -1,7 +1,8 @@
 """The chaos harness: a whole Batchery stack in processes the test may kill, pause or restart.
 
-Each stack has its own embedded Redis (so it can be stopped and started empty), a control worker
-running beat (so the reconciler sweeps every couple of seconds) and shard workers. Jobs are
+Each stack has its own embedded Redis (so it can be stopped and started empty), control workers (the
+first, `control`, runs beat, so the reconciler sweeps every couple of seconds; the others, `control2`
+on, share the control queue with it, as a site scaled out runs them) and shard workers. Jobs are
 submitted and cancelled through `manage.py`, like an operator would, against the test database.
 The checker at the end is the same for every scenario: output and errors together hold the input ids, each
 exactly once, in input order; one manifest per shard; one terminal transition.
@@ -9,6 +10,7 @@ exactly once, in input order; one manifest per shard; one terminal transition.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -37,6 +39,10 @@ CHAOS_ENV = {
     "BATCHERY_VISIBILITY_TIMEOUT_S": "25",
 }
 
+CONTROL_WORKERS = int(os.environ.get("CHAOS_CONTROL_WORKERS", "2"))
+"""Control worker processes of a chaos suite's stack: two by default, so that every scenario runs with
+the control plane scaled out (one beat, several processes settling, scheduling and merging)."""
+
 
 @dataclass
 class ChaosStack:
@@ -45,6 +51,8 @@ class ChaosStack:
     log_dir: Path
     redis: EmbeddedRedis | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    control_workers: int = 1
+    """Control worker processes `start_control` starts: `control` with beat, `control2`... without."""
 
     @property
     def broker_url(self) -> str:
@@ -63,12 +71,23 @@ class ChaosStack:
         self.start_redis(port=port)
 
     def start_control(self) -> WorkerProcess:
+        """The stack's control workers; the first, `control` (returned), runs the site's one beat."""
         worker = start_worker(
             "control", "control", env=self.env, log_dir=self.log_dir, extra_args=["--beat", "--schedule",
             str(self.data_dir / "beat-schedule")],
         )  # fmt: skip
         self.workers["control"] = worker
+        for name in self.control_names()[1:]:
+            self.workers[name] = start_worker(name, "control", env=self.env, log_dir=self.log_dir)
         return worker
+
+    def control_names(self) -> list[str]:
+        return ["control", *(f"control{n}" for n in range(2, self.control_workers + 1))]
+
+    def stop_control(self) -> None:
+        """Stop every control worker (warm shutdown): nothing consumes the control queue until `start_control`."""
+        for name in self.control_names():
+            self.workers[name].stop()
 
     def start_shard_worker(
         self,
