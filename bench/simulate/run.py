@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 from django.conf import settings
 from django.db import connection
@@ -311,6 +312,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         _wait_ended(submitted, processes, timeout_s=max(300.0, options.minutes * 30))
         _link_batches(submitted)
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)
+    (run_dir / "timeline.json").write_bytes(orjson.dumps(timeline, option=orjson.OPT_NON_STR_KEYS))
     events = report.read_events(events_paths)
     measure_start, measure_end = window
     by_id = {s.job_id: s for s in submitted if s.job_id}

@@ -38,7 +38,7 @@ from portal.execution.dispatch import (
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
 from portal.execution.locks import lock_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.selectors import queue_jobs
+from portal.jobs.selectors import queue_filter, queue_jobs
 from tasks import send
 
 logger = logging.getLogger(__name__)
@@ -98,13 +98,11 @@ def schedule_queue(queue: str) -> int:
     claimed: list[tuple[Job, list[Shard]]] = []
     with transaction.atomic():
         _lock_queue(queue)
-        jobs = queue_jobs(queue, statuses=SCHEDULABLE)
-        if not jobs:
-            return 0
         counts: dict[str, Counter[str]] = defaultdict(Counter)
         longest_waiting: dict[str, float] = {}
         rows = (
-            Shard.objects.filter(job__in=jobs, status__in=UNSETTLED)
+            Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+            .filter(status__in=UNSETTLED)
             .values("job_id", "status")
             .annotate(n=Count("id"), longest=Max("estimated_seconds"))
         )
@@ -113,6 +111,13 @@ def schedule_queue(queue: str) -> int:
             if row["status"] == ShardStatus.PENDING and row["longest"] is not None:
                 longest_waiting[str(row["job_id"])] = row["longest"]
         in_flight = sum(c[ShardStatus.DISPATCHED] for c in counts.values())
+        if _window_full(queue, counts, longest_waiting, in_flight):
+            return 0
+        # The jobs with shards waiting, or where none waits, every job of the queue (for its stragglers).
+        waiting_ids = [job_id for job_id, count in counts.items() if count[ShardStatus.PENDING]]
+        jobs = queue_jobs(queue, statuses=SCHEDULABLE, among=waiting_ids or None)
+        if not jobs:
+            return 0
         waiting = [job for job in jobs if counts[str(job.id)][ShardStatus.PENDING] > 0]
         if not waiting:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
@@ -168,6 +173,22 @@ def schedule_queue(queue: str) -> int:
         {str(job.id): len(s) for job, s in claimed},
     )
     return sent
+
+
+def _window_full(
+    queue: str, counts: dict[str, Counter[str]], longest_waiting: dict[str, float], in_flight: int
+) -> bool:
+    """The queue's window has no free place, whichever jobs wait: a tick with nothing to send need not
+    read the jobs, their tenants and their first shards. Most ticks of a busy fleet are such (a place
+    frees only when a shard ends); reading every waiting job was most of a tick's cost.
+
+    Read from the rows' estimates, the window is at least the one `decide` sizes (the longest waiting
+    shard it goes by is at least as long, and a longer shard gets fewer places): full here, full there.
+    A waiting shard with no estimate leaves it to `decide`."""
+    waiting = [job_id for job_id, count in counts.items() if count[ShardStatus.PENDING]]
+    if not waiting or any(job_id not in longest_waiting for job_id in waiting):
+        return False
+    return window_for(live_slots(queue), max(longest_waiting[job_id] for job_id in waiting)) <= in_flight
 
 
 def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) -> list[Shard]:
@@ -236,8 +257,8 @@ def _send_copies(copies: list[tuple[Job, Shard]]) -> None:
 def _tenant_queues(
     jobs: list[Job], counts: dict[str, Counter[str]], longest_waiting: dict[str, float], gpu_class_id: int
 ) -> tuple[list[TenantQueue], dict[str, Shard]]:
-    """The waiting jobs by tenant, for `share_out`; and each job's first waiting shard, which a tick that
-    sends it one shard sends without reading again.
+    """The waiting jobs by tenant, for `share_out`; and the first waiting shard of each job whose shards
+    have no estimate, read for its cost, which a tick that sends it one shard sends without reading again.
 
     A job's shard cost is its longest waiting shard's estimate (its first waiting one's where none has
     an estimate). Its first shards are cut short, for a fast first result: sized by them, the window of
@@ -245,7 +266,7 @@ def _tenant_queues(
     would wait behind all of it."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
-    firsts = _first_waiting(jobs)
+    firsts = _first_waiting([job for job in jobs if str(job.id) not in longest_waiting])
     for job in jobs:
         tenant = tenants.setdefault(
             job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.tenant.weight, usage=usage[job.tenant_id])

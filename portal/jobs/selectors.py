@@ -31,15 +31,23 @@ class JobProgress:
         return min(1.0, self.done / self.total)
 
 
-def queue_jobs(queue: str, *, statuses: Collection[str]) -> list[Job]:
-    """The jobs in `statuses` whose shards go to `queue`, with their model, GPU class and tenant.
+def queue_jobs(queue: str, *, statuses: Collection[str], among: Collection[str] | None = None) -> list[Job]:
+    """The jobs in `statuses` whose shards go to `queue` (of the ids `among`, where given), with their
+    model, GPU class and tenant.
 
     Chosen by the database from the (GPU class, replica size) pairs the queue serves, so that a scheduling
     tick reads its own queue's jobs, not every running job of the fleet."""
-    served = Q(pk__in=[])
+    jobs = Job.objects.select_related("model__gpu_class", "tenant").filter(queue_filter(queue), status__in=statuses)
+    return list(jobs if among is None else jobs.filter(pk__in=list(among)))
+
+
+def queue_filter(queue: str, *, through: str = "") -> Q:
+    """The condition on a job (reached from another model `through` a relation path, e.g. ``job__``)
+    that its shards go to `queue`."""
+    served = Q(**{f"{through}pk__in": []})
     for gpu_class, gpus in queue_readings(queue):
-        served |= Q(model__gpu_class__name=gpu_class, model__gpus_per_replica=gpus)
-    return list(Job.objects.select_related("model__gpu_class", "tenant").filter(served, status__in=statuses))
+        served |= Q(**{f"{through}model__gpu_class__name": gpu_class, f"{through}model__gpus_per_replica": gpus})
+    return served
 
 
 def job_progress(job: Job, live: Progress | None = None) -> JobProgress:

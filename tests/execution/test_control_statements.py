@@ -74,6 +74,23 @@ def test_a_tick_with_a_shard_waiting_still_sends_it(gpu_class: Any, tmp_path: Pa
     assert job.shards.get().status == ShardStatus.DISPATCHED
 
 
+def test_a_tick_whose_window_is_full_reads_no_job(gpu_class: Any, tmp_path: Path, settings: Any) -> None:
+    # A busy queue: its window (two places, no heartbeat known) holds two shards; a third waits.
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 2
+    statuses = [ShardStatus.DISPATCHED, ShardStatus.DISPATCHED, ShardStatus.PENDING]
+    job = _job(gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=statuses)
+    Shard.objects.filter(job=job).update(estimated_seconds=30.0)
+    sent, statements = _statements(lambda: schedule_queue(gpu_queue(gpu_class.name)))
+    assert sent == 0
+    assert not [sql for sql in statements if sql.startswith('SELECT "jobs_job"')], statements
+    assert len(statements) == 5, "BEGIN, nothing-to-send, the lock, the queue's counts, COMMIT"
+
+    # A place frees: the same tick reads the jobs and sends the shard.
+    Shard.objects.filter(job=job, index=0).update(status=ShardStatus.SUCCEEDED)
+    assert schedule_queue(gpu_queue(gpu_class.name)) == 1
+    assert job.shards.get(index=2).status == ShardStatus.DISPATCHED
+
+
 def test_whether_a_job_merges_is_read_in_one_statement(gpu_class: Any, tmp_path: Path) -> None:
     job = _job(
         gpu_class, tmp_path, status=JobStatus.RUNNING, shard_statuses=[ShardStatus.SUCCEEDED, ShardStatus.DISPATCHED]
