@@ -45,6 +45,11 @@ class Timeline:
     pending_by_class: list[dict[str, int]] = field(default_factory=list)
     pending_by_tenant: list[dict[tuple[int, str], int]] = field(default_factory=list)
 
+    def to_json(self) -> bytes:
+        tenants = [[[tenant, gpu_class, n] for (tenant, gpu_class), n in s.items()] for s in self.pending_by_tenant]
+        data = {"times": self.times, "pending_by_class": self.pending_by_class, "pending_by_tenant": tenants}
+        return orjson.dumps(data)
+
     def class_waiting(self, gpu_class: str, at: float) -> bool:
         index = bisect.bisect_right(self.times, at) - 1
         return index >= 0 and self.pending_by_class[index].get(gpu_class, 0) > 0

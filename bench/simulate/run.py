@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 from django.conf import settings
 from django.db import connection
@@ -32,6 +31,7 @@ from django.db.models import Count
 from bench.simulate import report
 from bench.simulate.gpu_model import GPU_CLASSES
 from bench.simulate.workload import (
+    TENANT_PREFIX,
     PlannedJob,
     Submitted,
     WorkloadOptions,
@@ -280,7 +280,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
     data_dir = run_dir / "inputs"
     data_dir.mkdir(parents=True, exist_ok=True)
     catalog_setup(spread=options.spread)
-    tenants = tenants_setup(options.tenants)
+    tenants = tenants_setup(options.tenants, run=time.strftime("%m%d%H%M%S"))
     small_rate = options.small_jobs_per_s if options.small_jobs_per_s is not None else options.slots / 200
     plan = workload_plan(
         WorkloadOptions(
@@ -298,6 +298,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
     processes = Processes()
     with running(processes):
         start_control(options, processes, env, run_dir)
+        _end_earlier_runs(processes, say)
         start = time.time() + 30
         events_paths = start_fleet(options, processes, env, run_dir, start)
         wait_fleet(options.slots, processes)
@@ -312,7 +313,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         _wait_ended(submitted, processes, timeout_s=max(300.0, options.minutes * 30))
         _link_batches(submitted)
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)
-    (run_dir / "timeline.json").write_bytes(orjson.dumps(timeline, option=orjson.OPT_NON_STR_KEYS))
+    (run_dir / "timeline.json").write_bytes(timeline.to_json())
     events = report.read_events(events_paths)
     measure_start, measure_end = window
     by_id = {s.job_id: s for s in submitted if s.job_id}
@@ -403,6 +404,24 @@ def _stops(planned: PlannedJob, job: Submitted, now: float) -> list[Action]:
     if planned.pause_for_s is not None:
         return [Action(now + 20, pause), Action(now + 20 + planned.pause_for_s, resume)]
     return []
+
+
+def _end_earlier_runs(processes: Processes, say: Callable[[str], None]) -> None:
+    """Cancel what an earlier run left unfinished (one stopped midway), so that this run's slots and
+    figures are this run's own."""
+    left = list(Job.objects.filter(tenant__name__startswith=TENANT_PREFIX).exclude(status__in=FINAL_STATUSES))
+    if not left:
+        return
+    say(f"cancelling {len(left)} jobs an earlier run left unfinished")
+    for job in left:
+        _cancel(job)
+    deadline = time.monotonic() + 300
+    ids = [job.pk for job in left]
+    while Job.objects.filter(pk__in=ids).exclude(status__in=FINAL_STATUSES).exists():
+        processes.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError("jobs of an earlier run did not end within 300 s")
+        time.sleep(1)
 
 
 def _cancel(job: Job) -> bool:

@@ -71,12 +71,16 @@ class SimTenant:
     home: str
 
 
-def tenants_setup(count: int) -> list[SimTenant]:
-    """`count` tenants with their weights, with quotas that let their backlogs in."""
+TENANT_PREFIX = "sim-"
+
+
+def tenants_setup(count: int, *, run: str) -> list[SimTenant]:
+    """`count` new tenants of the run `run` with their weights, with quotas that let their backlogs in.
+    New for each run: a tenant's decayed usage of an earlier run would skew this one's fair share."""
     tenants = []
     classes = list(GPU_CLASSES)
     for n in range(count):
-        tenant = tenant_get_or_create(name=f"sim-{n:03d}")
+        tenant = tenant_get_or_create(name=f"{TENANT_PREFIX}{run}-{n:03d}")
         tenant.weight = WEIGHTS[n % len(WEIGHTS)]
         tenant.priority = 9
         tenant.save(update_fields=["weight", "priority"])
