@@ -3,8 +3,8 @@
 - endings: shard executions the slots acknowledged in the measured window, a second;
 - idle gaps: for each slot, from the acknowledgement of one message to the receipt of the next, counted
   only where the slot's class had shards waiting (pending rows) when the gap began;
-- fair share: each tenant's slot-seconds on its home class over the window, against its weighted share
-  among the tenants of that class that had shards waiting at every sample of the window;
+- fair share: each tenant's slot-seconds on its home class over the whole run, against its weighted share
+  among the tenants of that class that had shards waiting at every sample of the measured window;
 - exactly once: every job ended, once; every output holds each input id at most once, in input order, a
   finished job's each exactly once (record by record for a sample, line counts for all).
 """
@@ -96,9 +96,17 @@ def idle_gaps(events: list[dict[str, Any]], timeline: Timeline, start: float, en
 
 
 def fair_share_deviation(
-    events: list[dict[str, Any]], timeline: Timeline, jobs: dict[str, Submitted], start: float, end: float
+    events: list[dict[str, Any]],
+    timeline: Timeline,
+    jobs: dict[str, Submitted],
+    start: float,
+    end: float,
+    *,
+    waiting_from: float,
 ) -> tuple[float, int]:
-    """The largest |received share / weighted share - 1| over tenants waiting throughout, and their number."""
+    """The largest |received share / weighted share - 1| over the slot-seconds from `start` to `end`, of
+    the tenants with shards waiting at every sample from `waiting_from` (after their backlogs were
+    submitted and planned) to `end`; and how many tenants that is."""
     seconds: Counter[tuple[int, str]] = Counter()
     for event in executions(events):
         span = min(event["ended"], end) - max(event["received"], start)
@@ -109,7 +117,9 @@ def fair_share_deviation(
             if job is not None:
                 seconds[(job.tenant.pk, event["gpu_class"])] += span / len(event["shards"])
     samples = [
-        pending for at, pending in zip(timeline.times, timeline.pending_by_tenant, strict=True) if start <= at < end
+        pending
+        for at, pending in zip(timeline.times, timeline.pending_by_tenant, strict=True)
+        if waiting_from <= at < end
     ]
     tenants = {job.tenant.pk: job.tenant for job in jobs.values()}
     deviation, counted = 0.0, 0

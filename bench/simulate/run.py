@@ -315,10 +315,13 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)
     (run_dir / "timeline.json").write_bytes(timeline.to_json())
     events = report.read_events(events_paths)
-    measure_start, measure_end = window
+    begin, measure_start, measure_end = window
     by_id = {s.job_id: s for s in submitted if s.job_id}
     gaps = report.idle_gaps(events, timeline, measure_start, measure_end)
-    deviation, fair_tenants = report.fair_share_deviation(events, timeline, by_id, measure_start, measure_end)
+    # Over the whole run: a tenant served first while the fleet was empty waits its turn afterwards.
+    deviation, fair_tenants = report.fair_share_deviation(
+        events, timeline, by_id, begin, measure_end, waiting_from=measure_start
+    )
     ticks = report.scheduler_ticks(run_dir.glob("control*.log"))
     endings = report.endings_per_s(events, measure_start, measure_end)
     shard_endings = endings * (measure_end - measure_start)
@@ -341,7 +344,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
 
 def _drive(
     options: SimulationOptions, plan: list[PlannedJob], data_dir: Path, processes: Processes, say: Callable[[str], None]
-) -> tuple[list[Submitted], report.Timeline, Counter[str], tuple[float, float], dict[str, float]]:
+) -> tuple[list[Submitted], report.Timeline, Counter[str], tuple[float, float, float], dict[str, float]]:
     rng = random.Random(options.seed + 1)
     begin = time.time()
     end = begin + options.minutes * 60
@@ -376,7 +379,7 @@ def _drive(
         time.sleep(0.05)
     cpu_end = processes.cpu_seconds()
     cpu = cpu_spent(cpu_start or {}, cpu_end)
-    return submitted, timeline, redis_peak, (measure_start, time.time()), cpu
+    return submitted, timeline, redis_peak, (begin, measure_start, time.time()), cpu
 
 
 def _stops(planned: PlannedJob, job: Submitted, now: float) -> list[Action]:

@@ -14,10 +14,16 @@ from tasks.shared.specs import ShardManifest
 
 def shard_cost_estimate(job: Job, shard: Shard) -> float:
     """GPU-seconds the planner expects (from the model's throughput estimate, `portal.catalog.throughput`)."""
-    seconds = shard.estimated_seconds
-    if seconds is None:  # cut before shards were costed
-        seconds = shard.record_count * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD
-    return seconds * job.model.gpus_per_replica
+    return shard_seconds_estimate(shard) * job.model.gpus_per_replica
+
+
+def shard_seconds_estimate(shard: Shard | None) -> float:
+    """Seconds a replica takes for the shard, as the planner expects them (0 for no shard)."""
+    if shard is None:
+        return 0.0
+    if shard.estimated_seconds is None:  # cut before shards were costed
+        return shard.record_count * settings.BATCHERY_DEFAULT_SECONDS_PER_RECORD
+    return shard.estimated_seconds
 
 
 def shard_cost_measured(job: Job, manifest: ShardManifest) -> float:

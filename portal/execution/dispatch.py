@@ -125,7 +125,12 @@ def job_queue(job: Job) -> str:
 
 def effective_priority(job: Job) -> int:
     """0-9: a job may run below its tenant's priority (background work), never above it."""
-    return job.tenant.priority if job.priority is None else min(job.priority, job.tenant.priority)
+    return priority_for(job.priority, job.tenant.priority)
+
+
+def priority_for(job_priority: int | None, tenant_priority: int) -> int:
+    """`effective_priority` of a job's and its tenant's priority."""
+    return tenant_priority if job_priority is None else min(job_priority, tenant_priority)
 
 
 def shards_revoke(job: Job) -> None:

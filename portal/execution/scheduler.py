@@ -25,13 +25,13 @@ from django.db.models import Count, F, Max, OuterRef, Subquery
 from django.utils import timezone
 
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
-from portal.execution.costs import shard_cost_estimate
+from portal.execution.costs import shard_cost_estimate, shard_seconds_estimate
 from portal.execution.decayed_usage import usage_charge, usage_read
 from portal.execution.dispatch import (
-    effective_priority,
     job_queue,
     new_dispatch_tag,
     new_task_id,
+    priority_for,
     shards_send,
     task_id_column,
 )
@@ -113,35 +113,37 @@ def schedule_queue(queue: str) -> int:
         in_flight = sum(c[ShardStatus.DISPATCHED] for c in counts.values())
         if _window_full(queue, counts, longest_waiting, in_flight):
             return 0
-        # The jobs with shards waiting, or where none waits, every job of the queue (for its stragglers).
         waiting_ids = [job_id for job_id, count in counts.items() if count[ShardStatus.PENDING]]
-        jobs = queue_jobs(queue, statuses=SCHEDULABLE, among=waiting_ids or None)
-        if not jobs:
-            return 0
-        waiting = [job for job in jobs if counts[str(job.id)][ShardStatus.PENDING] > 0]
-        if not waiting:
+        if not waiting_ids:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
+            jobs = queue_jobs(queue, statuses=SCHEDULABLE)
             done_planning = [job for job in jobs if job.status != JobStatus.PLANNING]
             running = sum(counts[str(job.id)][ShardStatus.DISPATCHED] for job in done_planning)
             copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION and running else []
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
-        gpu_class_id = waiting[0].model.gpu_class_id
+        waiting = _waiting_jobs(waiting_ids)
+        if not waiting:
+            return 0
+        gpu_class_id = waiting[0].gpu_class_id
         tenant_queues, firsts = _tenant_queues(waiting, counts, longest_waiting, gpu_class_id)
         state = QueueState(
             live_slots=live_slots(queue),
             in_flight=in_flight,
             tenants=tenant_queues,
-            gpus_per_replica=waiting[0].model.gpus_per_replica,
+            gpus_per_replica=waiting[0].gpus_per_replica,
         )
         plan = decide(state)
         if not plan.shards:
             return 0
-        by_id = {str(job.id): job for job in waiting}
+        # Only the jobs the tick sends shards of are read whole (their model and tenant go in the messages).
+        by_id = {str(job.id): job for job in queue_jobs(queue, statuses=SCHEDULABLE, among=list(plan.shards))}
         charges: dict[int, float] = defaultdict(float)
         now = timezone.now()
         for job_id, count in plan.shards.items():
-            job = by_id[job_id]
+            job = by_id.get(job_id)
+            if job is None:
+                continue  # stopped since its counts were read
             if count == 1 and job_id in firsts:
                 shards = [firsts[job_id]]  # read under this tick's lock: still the job's first waiting shard
             else:
@@ -254,8 +256,39 @@ def _send_copies(copies: list[tuple[Job, Shard]]) -> None:
         shards_send(job, [shard], copies=True)
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """What a tick decides from of one job with shards waiting: read as plain values, not as a Job with its
+    model and tenant, which cost most of a tick where hundreds of jobs wait."""
+
+    id: str
+    tenant_id: int
+    weight: float
+    priority: int
+    created_at: dt.datetime
+    gpu_class_id: int
+    gpus_per_replica: int
+
+
+def _waiting_jobs(job_ids: list[str]) -> list[_Waiting]:
+    rows = Job.objects.filter(pk__in=job_ids, status__in=SCHEDULABLE).values_list(
+        "id",
+        "tenant_id",
+        "tenant__weight",
+        "priority",
+        "tenant__priority",
+        "created_at",
+        "model__gpu_class_id",
+        "model__gpus_per_replica",
+    )
+    return [
+        _Waiting(str(pk), tenant, weight, priority_for(job_priority, tenant_priority), created, gpu_class, gpus)
+        for pk, tenant, weight, job_priority, tenant_priority, created, gpu_class, gpus in rows
+    ]
+
+
 def _tenant_queues(
-    jobs: list[Job], counts: dict[str, Counter[str]], longest_waiting: dict[str, float], gpu_class_id: int
+    jobs: list[_Waiting], counts: dict[str, Counter[str]], longest_waiting: dict[str, float], gpu_class_id: int
 ) -> tuple[list[TenantQueue], dict[str, Shard]]:
     """The waiting jobs by tenant, for `share_out`; and the first waiting shard of each job whose shards
     have no estimate, read for its cost, which a tick that sends it one shard sends without reading again.
@@ -266,33 +299,32 @@ def _tenant_queues(
     would wait behind all of it."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
-    firsts = _first_waiting([job for job in jobs if str(job.id) not in longest_waiting])
+    firsts = _first_waiting([job.id for job in jobs if job.id not in longest_waiting])
     for job in jobs:
         tenant = tenants.setdefault(
-            job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.tenant.weight, usage=usage[job.tenant_id])
+            job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.weight, usage=usage[job.tenant_id])
         )
-        pending = counts[str(job.id)][ShardStatus.PENDING]
-        sample = firsts.get(str(job.id))
+        sample = firsts.get(job.id)
+        seconds = longest_waiting[job.id] if job.id in longest_waiting else shard_seconds_estimate(sample)
         tenant.jobs.append(
             WaitingJob(
-                job_id=str(job.id),
-                priority=effective_priority(job),
+                job_id=job.id,
+                priority=job.priority,
                 created_at=job.created_at.timestamp(),
-                pending=pending,
-                shard_cost=max(
-                    shard_cost_estimate(job, sample) if sample else 0.0,
-                    longest_waiting.get(str(job.id), 0.0) * job.model.gpus_per_replica,
-                ),
+                pending=counts[job.id][ShardStatus.PENDING],
+                shard_cost=seconds * job.gpus_per_replica,
             )
         )
     return list(tenants.values()), firsts
 
 
-def _first_waiting(jobs: list[Job]) -> dict[str, Shard]:
+def _first_waiting(job_ids: list[str]) -> dict[str, Shard]:
     """Each job's first waiting shard, in one query: a query a job made a tick of a queue with a
     hundred waiting jobs cost half the control plane's CPU (`manage.py simulate`)."""
+    if not job_ids:
+        return {}
     first = Shard.objects.filter(job_id=OuterRef("pk"), status=ShardStatus.PENDING).order_by("index").values("pk")
-    firsts = Job.objects.filter(pk__in=[job.pk for job in jobs]).annotate(first=Subquery(first[:1])).values("first")
+    firsts = Job.objects.filter(pk__in=job_ids).annotate(first=Subquery(first[:1])).values("first")
     return {str(shard.job_id): shard for shard in Shard.objects.filter(pk__in=Subquery(firsts))}
 
 
