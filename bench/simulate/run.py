@@ -310,7 +310,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
             pk__in=[s.job_id for s in submitted if s.job_id]
         ):
             _cancel(job)
-        _wait_ended(submitted, processes, timeout_s=max(300.0, options.minutes * 30))
+        _wait_ended(submitted, processes)
         _link_batches(submitted)
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)
     (run_dir / "timeline.json").write_bytes(timeline.to_json())
@@ -446,14 +446,20 @@ def _link_batches(submitted: list[Submitted]) -> None:
             job.job_id = str(found.job_id or "")
 
 
-def _wait_ended(submitted: list[Submitted], processes: Processes, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_ended(submitted: list[Submitted], processes: Processes, *, stall_s: float = 180.0) -> None:
+    """Wait for every job to end, for as long as some job ends every `stall_s` seconds: cancelling
+    thousands of jobs at the end of a large run takes the control plane minutes."""
+    deadline = time.monotonic() + stall_s
+    left = None
     while time.monotonic() < deadline:
         processes.check_alive()
         _link_batches(submitted)
         ids = [s.job_id for s in submitted if s.job_id]
-        if not Job.objects.filter(pk__in=ids).exclude(status__in=FINAL_STATUSES).exists():
+        now_left = Job.objects.filter(pk__in=ids).exclude(status__in=FINAL_STATUSES).count()
+        if not now_left:
             return
+        if now_left != left:
+            left, deadline = now_left, time.monotonic() + stall_s
         time.sleep(2)
 
 
