@@ -13,14 +13,16 @@ told in docs/architecture.md (Fair share).
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Max, OuterRef, Subquery
 from django.utils import timezone
 
@@ -40,6 +42,7 @@ from portal.execution.locks import lock_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_filter, queue_jobs
 from tasks import send
+from tasks.shared.config import queue_readings
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ class QueueState:
     """The jobs with shards waiting, by tenant, with each tenant's decayed usage and weight."""
     gpus_per_replica: int
     """GPUs a replica of the queue's models spans: a shard's GPU-seconds over this are its seconds."""
+    longest_seconds: float = 0.0
+    """Seconds a waiting shard of the queue is known to last at least, beside the tenants' own figures,
+    which count the first few waiting shards of each job only."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +80,13 @@ def decide(state: QueueState) -> DispatchPlan:
     The window is sized by the longest waiting shard (a tenant arriving next waits behind no more than
     a slot's places of it). Reads nothing: every fact is in `state`."""
     longest = max((job.shard_cost for tenant in state.tenants for job in tenant.jobs), default=0.0)
-    shard_seconds = longest / state.gpus_per_replica
+    shard_seconds = max(longest / state.gpus_per_replica, state.longest_seconds)
     wave = wave_for(state.live_slots, shard_seconds)
     free = window_for(state.live_slots, shard_seconds) - state.in_flight
     if free <= 0:
         return DispatchPlan(shards={}, wave=wave)
     # `share_out` charges as it chooses: it works on copies, so that `state` stays as it was read.
-    tenants = [replace(tenant, jobs=[replace(job) for job in tenant.jobs]) for tenant in state.tenants]
+    tenants = [replace(tenant, jobs=[copy.copy(job) for job in tenant.jobs]) for tenant in state.tenants]
     chosen, _ = share_out(free, tenants)
     return DispatchPlan(shards=dict(chosen), wave=wave)
 
@@ -98,40 +104,33 @@ def schedule_queue(queue: str) -> int:
     claimed: list[tuple[Job, list[Shard]]] = []
     with transaction.atomic():
         _lock_queue(queue)
-        counts: dict[str, Counter[str]] = defaultdict(Counter)
-        longest_waiting: dict[str, float] = {}
-        rows = (
-            Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
-            .filter(status__in=UNSETTLED)
-            .values("job_id", "status")
-            .annotate(n=Count("id"), longest=Max("estimated_seconds"))
-        )
-        for row in rows:
-            counts[str(row["job_id"])][row["status"]] = row["n"]
-            if row["status"] == ShardStatus.PENDING and row["longest"] is not None:
-                longest_waiting[str(row["job_id"])] = row["longest"]
-        in_flight = sum(c[ShardStatus.DISPATCHED] for c in counts.values())
-        if _window_full(queue, counts, longest_waiting, in_flight):
-            return 0
-        waiting_ids = [job_id for job_id, count in counts.items() if count[ShardStatus.PENDING]]
-        if not waiting_ids:
+        in_flight = _in_flight(queue)
+        live = live_slots(queue)
+        long_seconds = _long_shard_seconds()
+        long_waiting = _long_shard_waiting(queue, long_seconds)
+        if long_waiting and window_for(live, long_seconds) <= in_flight:
+            return 0  # full: most ticks of a busy fleet, read in two index lookups
+        # A job takes at most the free places in one tick: reading more of its waiting shards tells nothing.
+        # With only short shards waiting, their lengths size the window: as many places as it may have.
+        shortest = settings.BATCHERY_SCHEDULER_SECONDS_AHEAD / settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT
+        free = window_for(live, long_seconds if long_waiting else shortest) - in_flight
+        waiting = _waiting(queue, cap=max(1, free))
+        if not waiting:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
             jobs = queue_jobs(queue, statuses=SCHEDULABLE)
             done_planning = [job for job in jobs if job.status != JobStatus.PLANNING]
-            running = sum(counts[str(job.id)][ShardStatus.DISPATCHED] for job in done_planning)
+            running = Shard.objects.filter(job__in=done_planning, status=ShardStatus.DISPATCHED).count()
             copies = _speculate(queue, done_planning, in_flight) if settings.BATCHERY_SPECULATION and running else []
             transaction.on_commit(lambda: _send_copies(copies))
             return len(copies)
-        waiting = _waiting_jobs(waiting_ids)
-        if not waiting:
-            return 0
         gpu_class_id = waiting[0].gpu_class_id
-        tenant_queues, firsts = _tenant_queues(waiting, counts, longest_waiting, gpu_class_id)
+        tenant_queues, firsts = _tenant_queues(waiting, gpu_class_id)
         state = QueueState(
-            live_slots=live_slots(queue),
+            live_slots=live,
             in_flight=in_flight,
             tenants=tenant_queues,
             gpus_per_replica=waiting[0].gpus_per_replica,
+            longest_seconds=long_seconds if long_waiting else 0.0,
         )
         plan = decide(state)
         if not plan.shards:
@@ -177,22 +176,6 @@ def schedule_queue(queue: str) -> int:
     return sent
 
 
-def _window_full(
-    queue: str, counts: dict[str, Counter[str]], longest_waiting: dict[str, float], in_flight: int
-) -> bool:
-    """The queue's window has no free place, whichever jobs wait: a tick with nothing to send need not
-    read the jobs, their tenants and their first shards. Most ticks of a busy fleet are such (a place
-    frees only when a shard ends); reading every waiting job was most of a tick's cost.
-
-    Read from the rows' estimates, the window is at least the one `decide` sizes (the longest waiting
-    shard it goes by is at least as long, and a longer shard gets fewer places): full here, full there.
-    A waiting shard with no estimate leaves it to `decide`."""
-    waiting = [job_id for job_id, count in counts.items() if count[ShardStatus.PENDING]]
-    if not waiting or any(job_id not in longest_waiting for job_id in waiting):
-        return False
-    return window_for(live_slots(queue), max(longest_waiting[job_id] for job_id in waiting)) <= in_flight
-
-
 def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) -> list[Shard]:
     """Mark the job's chosen shards dispatched, in one UPDATE whose task ids SQL makes from each row's
     index and the tick's `tag` (`bulk_update`'s CASE for every column, and then a CASE of the task ids
@@ -222,6 +205,106 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
         "job %s: %d of %d shards settled before this tick could send them", job.id, len(shards) - claimed, len(shards)
     )
     return [shard for shard in shards if shard.pk in mine]
+
+
+def _in_flight(queue: str) -> int:
+    """The queue's shards sent and not ended: at most its window, counted through the unsettled index."""
+    sent = Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+    return sent.filter(status=ShardStatus.DISPATCHED).count()
+
+
+def _long_shard_seconds() -> float:
+    """The shortest shard that gets a slot's least places (`capacity.shards_per_slot`): a queue with a
+    shard this long waiting has its smallest window, whatever its other shards' lengths."""
+    return settings.BATCHERY_SCHEDULER_SECONDS_AHEAD / settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
+
+
+def _long_shard_waiting(queue: str, seconds: float) -> bool:
+    waiting = Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+    return waiting.filter(status=ShardStatus.PENDING, estimated_seconds__gte=seconds).exists()
+
+
+_WAITING_SQL = """
+SELECT x.id, x.tenant_id, x.weight, x.priority, x.tenant_priority, x.created_at, x.gpu_class_id,
+       x.gpus_per_replica, w.n, w.longest
+FROM (
+    SELECT j.id, j.tenant_id, t.weight, j.priority, t.priority AS tenant_priority, j.created_at,
+           m.gpu_class_id, m.gpus_per_replica,
+           row_number() OVER (
+               PARTITION BY j.tenant_id
+               ORDER BY LEAST(COALESCE(j.priority, t.priority), t.priority) DESC, j.created_at, j.id
+           ) AS place
+    FROM jobs_job j
+    JOIN tenancy_tenant t ON t.id = j.tenant_id
+    JOIN catalog_model m ON m.id = j.model_id
+    JOIN catalog_gpuclass g ON g.id = m.gpu_class_id
+    WHERE j.status = ANY(%(statuses)s) AND ({served})
+      AND EXISTS (SELECT 1 FROM jobs_shard p WHERE p.job_id = j.id AND p.status = %(pending)s)
+) x
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, max(f.estimated_seconds) AS longest FROM (
+        SELECT s.estimated_seconds FROM jobs_shard s
+        WHERE s.job_id = x.id AND s.status = %(pending)s ORDER BY s.index LIMIT %(cap)s
+    ) f
+) w
+WHERE x.place <= %(cap)s
+"""
+_WAITING_FIELDS = (
+    "id",
+    "tenant_id",
+    "tenant__weight",
+    "priority",
+    "tenant__priority",
+    "created_at",
+    "model__gpu_class_id",
+    "model__gpus_per_replica",
+)
+
+
+def _waiting(queue: str, *, cap: int) -> list[_Waiting]:
+    """The queue's jobs with shards waiting that a tick sending at most `cap` shards may choose: each
+    tenant's first `cap` of them in the order `share_out` takes a tenant's jobs (priority, then age), with
+    how many shards each has waiting (at most `cap`) and the longest estimate of those first `cap`.
+
+    Read in one statement, a look at the unsettled shards' index a job and `cap` rows of it for the jobs
+    kept: an aggregate over every waiting shard grew with the backlog (a tenth of a second a tick with a
+    hundred thousand shards waiting), and deciding between every waiting job of every tenant, where a
+    tick fills one place, cost as much again."""
+    readings = queue_readings(queue)
+    if connection.vendor != "postgresql" or not readings:
+        pending = (
+            Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+            .filter(status=ShardStatus.PENDING)
+            .values("job_id")
+            .annotate(n=Count("id"), longest=Max("estimated_seconds"))
+        )
+        figures = {str(row["job_id"]): (row["n"], row["longest"]) for row in pending}
+        jobs = Job.objects.filter(pk__in=list(figures)).values_list(*_WAITING_FIELDS)
+        rows = [(*job, *figures[str(job[0])]) for job in jobs]
+    else:
+        served = " OR ".join(
+            f"(g.name = %(class{n})s AND m.gpus_per_replica = %(gpus{n})s)" for n in range(len(readings))
+        )
+        params: dict[str, Any] = {"statuses": list(SCHEDULABLE), "pending": ShardStatus.PENDING, "cap": cap}
+        for n, (gpu_class, gpus) in enumerate(readings):
+            params |= {f"class{n}": gpu_class, f"gpus{n}": gpus}
+        with connection.cursor() as cursor:
+            cursor.execute(_WAITING_SQL.format(served=served), params)
+            rows = cursor.fetchall()
+    return [
+        _Waiting(
+            id=str(pk),
+            tenant_id=tenant,
+            weight=weight,
+            priority=priority_for(job_priority, tenant_priority),
+            created_at=created,
+            gpu_class_id=gpu_class,
+            gpus_per_replica=gpus,
+            pending=min(n, cap),
+            longest=longest,
+        )
+        for pk, tenant, weight, job_priority, tenant_priority, created, gpu_class, gpus, n, longest in rows
+    ]
 
 
 def _nothing_to_send() -> bool:
@@ -268,28 +351,13 @@ class _Waiting:
     created_at: dt.datetime
     gpu_class_id: int
     gpus_per_replica: int
+    pending: int
+    """Its shards waiting, or as many as the tick may send, if fewer."""
+    longest: float | None
+    """The longest estimate of those shards; None where none has one."""
 
 
-def _waiting_jobs(job_ids: list[str]) -> list[_Waiting]:
-    rows = Job.objects.filter(pk__in=job_ids, status__in=SCHEDULABLE).values_list(
-        "id",
-        "tenant_id",
-        "tenant__weight",
-        "priority",
-        "tenant__priority",
-        "created_at",
-        "model__gpu_class_id",
-        "model__gpus_per_replica",
-    )
-    return [
-        _Waiting(str(pk), tenant, weight, priority_for(job_priority, tenant_priority), created, gpu_class, gpus)
-        for pk, tenant, weight, job_priority, tenant_priority, created, gpu_class, gpus in rows
-    ]
-
-
-def _tenant_queues(
-    jobs: list[_Waiting], counts: dict[str, Counter[str]], longest_waiting: dict[str, float], gpu_class_id: int
-) -> tuple[list[TenantQueue], dict[str, Shard]]:
+def _tenant_queues(jobs: list[_Waiting], gpu_class_id: int) -> tuple[list[TenantQueue], dict[str, Shard]]:
     """The waiting jobs by tenant, for `share_out`; and the first waiting shard of each job whose shards
     have no estimate, read for its cost, which a tick that sends it one shard sends without reading again.
 
@@ -299,19 +367,18 @@ def _tenant_queues(
     would wait behind all of it."""
     usage = usage_read(tenant_ids={job.tenant_id for job in jobs}, gpu_class_id=gpu_class_id)
     tenants: dict[int, TenantQueue] = {}
-    firsts = _first_waiting([job.id for job in jobs if job.id not in longest_waiting])
+    firsts = _first_waiting([job.id for job in jobs if job.longest is None])
     for job in jobs:
         tenant = tenants.setdefault(
             job.tenant_id, TenantQueue(tenant_id=job.tenant_id, weight=job.weight, usage=usage[job.tenant_id])
         )
-        sample = firsts.get(job.id)
-        seconds = longest_waiting[job.id] if job.id in longest_waiting else shard_seconds_estimate(sample)
+        seconds = job.longest if job.longest is not None else shard_seconds_estimate(firsts.get(job.id))
         tenant.jobs.append(
             WaitingJob(
                 job_id=job.id,
                 priority=job.priority,
                 created_at=job.created_at.timestamp(),
-                pending=counts[job.id][ShardStatus.PENDING],
+                pending=job.pending,
                 shard_cost=seconds * job.gpus_per_replica,
             )
         )

@@ -40,6 +40,7 @@ from bench.parquet import render_parquet, run_parquet_bench
 from bench.plan_merge import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
 from bench.reconcile import render_reconcile, run_reconcile_bench
 from bench.retention import render_retention, run_retention_bench
+from bench.scheduler_scale import render_scheduler, run_scheduler_bench
 from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.devstack.demo import write_demo_dataset
@@ -91,6 +92,7 @@ PARTS = (
     "reconcile-jobs",
     "retention-shards",
     "fleet-slots",
+    "scheduler-jobs",
 )
 
 
@@ -202,6 +204,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--fleet-rounds", type=int, default=20, help="timed reads of each kind in the fleet run")
         parser.add_argument(
+            "--scheduler-jobs", type=int, default=2000, help="running jobs of the scheduler tick run (0: skip)"
+        )
+        parser.add_argument("--scheduler-tenants", type=int, default=200, help="their tenants")
+        parser.add_argument("--scheduler-slots", type=int, default=250, help="live slots of the tick's queue")
+        parser.add_argument("--scheduler-waiting", type=int, default=50, help="shards waiting a job")
+        parser.add_argument("--scheduler-ticks", type=int, default=50, help="timed ticks of each kind")
+        parser.add_argument(
             "--parquet-records",
             type=int,
             default=100_000,
@@ -226,6 +235,16 @@ class Command(BaseCommand):
                     self.retention_bench(options["retention_shards"], options["retention_jobs"])
                 if options["fleet_slots"]:
                     self.fleet_bench(options)
+                if options["scheduler_jobs"]:
+                    self.stdout.write("")
+                    ticks = run_scheduler_bench(
+                        tenants=options["scheduler_tenants"],
+                        jobs=options["scheduler_jobs"],
+                        waiting_per_job=options["scheduler_waiting"],
+                        slots=options["scheduler_slots"],
+                        ticks=options["scheduler_ticks"],
+                    )
+                    self.stdout.write(render_scheduler(ticks))
         if not options["skip_io"]:
             self.io_bench(options["io_sizes_mb"])
             if options["parquet_records"]:
