@@ -30,3 +30,20 @@ def bench_model_register(*, name: str, task: str, factory: str, default_params: 
     )
     catalog_publish()
     return model
+
+
+def bench_class_model(*, name: str, gpu_class: str) -> Model:
+    """A sleeping `classify` model of its own GPU class, so that a benchmark's rows are one queue's alone
+    (the rows are made by hand: no worker runs it)."""
+    model, _ = Model.objects.update_or_create(
+        name=name,
+        version="1",
+        defaults={
+            "engine": Model.Engine.PYTHON,
+            "task": Model.Task.CLASSIFY,
+            "source": "bench.engines:sleep_factory",
+            "gpu_class": GpuClass.objects.get_or_create(name=gpu_class)[0],
+            "is_default": False,
+        },
+    )
+    return model

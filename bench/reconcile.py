@@ -27,7 +27,8 @@ import orjson
 from django.conf import settings
 from django.utils import timezone
 
-from portal.catalog.models import GpuClass, Model
+from bench.catalog import bench_class_model
+from portal.catalog.models import Model
 from portal.catalog.services import catalog_publish
 from portal.execution.reconcile import jobs_reconcile
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
@@ -112,19 +113,7 @@ def write_commit(shard: Shard, *, compute_seconds: float = 1.0) -> None:
 
 
 def _model() -> Model:
-    gpu_class, _ = GpuClass.objects.get_or_create(name=GPU_CLASS)
-    model, _ = Model.objects.update_or_create(
-        name="bench-reconcile",
-        version="1",
-        defaults={
-            "engine": Model.Engine.PYTHON,
-            "task": Model.Task.CLASSIFY,
-            "source": "bench.engines:sleep_factory",
-            "gpu_class": gpu_class,
-            "is_default": False,
-        },
-    )
-    return model
+    return bench_class_model(name="bench-reconcile", gpu_class=GPU_CLASS)
 
 
 def simulate_running_jobs(

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from bench.catalog import bench_class_model
 from bench.simulate.report import percentile
-from portal.catalog.models import GpuClass, Model
+from portal.catalog.models import Model
 from portal.execution.capacity import live_slots
 from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
@@ -41,25 +42,15 @@ class TickFigures:
     slots: int
     full_ms: list[float]
     one_free_ms: list[float]
+    sent_when_full: int
+    sent_when_free: int
 
     def summary(self, values: list[float]) -> str:
         return f"p50 {statistics.median(values):.1f} ms, p99 {percentile(values, 0.99):.1f} ms"
 
 
 def _model() -> Model:
-    gpu_class, _ = GpuClass.objects.get_or_create(name=GPU_CLASS)
-    model, _ = Model.objects.update_or_create(
-        name="bench-scheduler",
-        version="1",
-        defaults={
-            "engine": Model.Engine.PYTHON,
-            "task": Model.Task.CLASSIFY,
-            "source": "bench.engines:sleep_factory",
-            "gpu_class": gpu_class,
-            "is_default": False,
-        },
-    )
-    return model
+    return bench_class_model(name="bench-scheduler", gpu_class=GPU_CLASS)
 
 
 def _beats(slots: int, queue: str) -> list[str]:
@@ -118,10 +109,11 @@ def _rows(*, tenants: int, jobs: int, waiting_per_job: int, in_flight: int) -> N
     Shard.objects.bulk_create(shards)
 
 
-def _timed(queue: str) -> float:
+def _timed(queue: str) -> tuple[float, int]:
+    """The tick's milliseconds and the shards it sent."""
     started = time.perf_counter()
-    schedule_queue(queue)
-    return (time.perf_counter() - started) * 1000
+    sent = schedule_queue(queue)
+    return (time.perf_counter() - started) * 1000, sent
 
 
 def run_scheduler_bench(*, tenants: int, jobs: int, waiting_per_job: int, slots: int, ticks: int) -> TickFigures:
@@ -133,13 +125,22 @@ def run_scheduler_bench(*, tenants: int, jobs: int, waiting_per_job: int, slots:
         time.sleep(2.5)  # past the capacity reader's cache of the slots
         assert live_slots(queue) == slots, "the bench's slots are read from their heartbeats"
         full = [_timed(queue) for _ in range(ticks)]
-        one_free = []
+        one_free: list[tuple[float, int]] = []
         for _ in range(ticks):
             with transaction.atomic():
                 ended = Shard.objects.filter(job__model__gpu_class__name=GPU_CLASS, status=ShardStatus.DISPATCHED)
                 Shard.objects.filter(pk=ended.values_list("pk", flat=True)[:1]).update(status=ShardStatus.SUCCEEDED)
             one_free.append(_timed(queue))
-        return TickFigures(tenants, jobs, jobs * waiting_per_job, slots, full, one_free)
+        return TickFigures(
+            tenants=tenants,
+            jobs=jobs,
+            waiting_shards=jobs * waiting_per_job,
+            slots=slots,
+            full_ms=[ms for ms, _ in full],
+            one_free_ms=[ms for ms, _ in one_free],
+            sent_when_full=sum(sent for _, sent in full),
+            sent_when_free=sum(sent for _, sent in one_free),
+        )
     finally:
         client = redis_client()
         pipe = client.pipeline(transaction=False)
