@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+from django.conf import settings
 from django.db import transaction
 
 from bench.simulate.gpu_model import DEFAULT_MAX_TOKENS, GPU_CLASSES, cost_params, record_seconds
@@ -35,6 +36,8 @@ from portal.tenancy.services import tenant_get_or_create
 WEIGHTS = (1.0, 1.0, 1.0, 2.0, 2.0, 4.0)
 MEAN_CHARS = 225
 CHAT = "/v1/chat/completions"
+GIANT_RECORDS_PER_SHARD = 10
+"""A job of more records than this a shard, times half the shards a job may have, gets a shard size."""
 BACKLOG_MARGIN = 1.3
 """A tenant's backlog over its weighted share of the run: it has work waiting throughout."""
 
@@ -226,9 +229,13 @@ def submit(planned: PlannedJob, *, data_dir: Path, number: int, rng: random.Rand
     with path.open("wb") as out:
         for record in _records(rng, planned.records, tag):
             out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+    # A job of millions of records cut by cost would pass the shards a job may have: its owner gives a
+    # shard size, as the refusal tells one to.
+    most = settings.BATCHERY_MAX_SHARDS_PER_JOB // 2
+    shard_size = math.ceil(planned.records / most) if planned.records > most * GIANT_RECORDS_PER_SHARD else None
     with transaction.atomic():
         job: Job = job_submit(
             tenant=tenant,
-            request=JobRequest(model_name=name, input_uri=str(path), priority=planned.priority),
+            request=JobRequest(model_name=name, input_uri=str(path), priority=planned.priority, shard_size=shard_size),
         )
     return Submitted(str(job.id), planned.tenant, planned.gpu_class, planned.records, path, False)
