@@ -340,6 +340,7 @@ class Command(BaseCommand):
                 api_jobs=options["api_jobs"],
                 reconcile_jobs=options["reconcile_jobs"],
             )
+            + f" --reconcile-shards {options['reconcile_shards']}"
         )
 
     def retention_bench(self, shards: int, jobs: int) -> None:
