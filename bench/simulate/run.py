@@ -310,7 +310,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
             pk__in=[s.job_id for s in submitted if s.job_id]
         ):
             _cancel(job)
-        _wait_ended(submitted, processes)
+        _wait_ended(lambda: _submitted_ids(submitted), processes)
         _link_batches(submitted)
         exact = report.check_exactly_once(submitted, sample=options.sample_jobs)
     (run_dir / "timeline.json").write_bytes(timeline.to_json())
@@ -418,13 +418,8 @@ def _end_earlier_runs(processes: Processes, say: Callable[[str], None]) -> None:
     say(f"cancelling {len(left)} jobs an earlier run left unfinished")
     for job in left:
         _cancel(job)
-    deadline = time.monotonic() + 300
-    ids = [job.pk for job in left]
-    while Job.objects.filter(pk__in=ids).exclude(status__in=FINAL_STATUSES).exists():
-        processes.check_alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError("jobs of an earlier run did not end within 300 s")
-        time.sleep(1)
+    ids = [str(job.pk) for job in left]
+    _wait_ended(lambda: ids, processes)
 
 
 def _cancel(job: Job) -> bool:
@@ -446,21 +441,25 @@ def _link_batches(submitted: list[Submitted]) -> None:
             job.job_id = str(found.job_id or "")
 
 
-def _wait_ended(submitted: list[Submitted], processes: Processes, *, stall_s: float = 180.0) -> None:
-    """Wait for every job to end, for as long as some job ends every `stall_s` seconds: cancelling
-    thousands of jobs at the end of a large run takes the control plane minutes."""
+def _wait_ended(job_ids: Callable[[], list[str]], processes: Processes, *, stall_s: float = 180.0) -> None:
+    """Wait for the jobs `job_ids()` names to end, for as long as one of them ends every `stall_s`
+    seconds: cancelling thousands of jobs at the end of a large run takes the control plane minutes."""
     deadline = time.monotonic() + stall_s
     left = None
     while time.monotonic() < deadline:
         processes.check_alive()
-        _link_batches(submitted)
-        ids = [s.job_id for s in submitted if s.job_id]
-        now_left = Job.objects.filter(pk__in=ids).exclude(status__in=FINAL_STATUSES).count()
+        now_left = Job.objects.filter(pk__in=job_ids()).exclude(status__in=FINAL_STATUSES).count()
         if not now_left:
             return
         if now_left != left:
             left, deadline = now_left, time.monotonic() + stall_s
         time.sleep(2)
+
+
+def _submitted_ids(submitted: list[Submitted]) -> list[str]:
+    """The jobs of the run, a batch's once its validation made it (`_link_batches`)."""
+    _link_batches(submitted)
+    return [s.job_id for s in submitted if s.job_id]
 
 
 def _table_sizes() -> dict[str, dict[str, int]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, OuterRef, Subquery
+from django.db.models import Count, F, Max, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
@@ -207,10 +207,14 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
     return [shard for shard in shards if shard.pk in mine]
 
 
+def _queue_shards(queue: str) -> QuerySet[Shard]:
+    """The shards of the queue's jobs that may be sent."""
+    return Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+
+
 def _in_flight(queue: str) -> int:
     """The queue's shards sent and not ended: at most its window, counted through the unsettled index."""
-    sent = Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
-    return sent.filter(status=ShardStatus.DISPATCHED).count()
+    return _queue_shards(queue).filter(status=ShardStatus.DISPATCHED).count()
 
 
 def _long_shard_seconds() -> float:
@@ -220,8 +224,7 @@ def _long_shard_seconds() -> float:
 
 
 def _long_shard_waiting(queue: str, seconds: float) -> bool:
-    waiting = Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
-    return waiting.filter(status=ShardStatus.PENDING, estimated_seconds__gte=seconds).exists()
+    return _queue_shards(queue).filter(status=ShardStatus.PENDING, estimated_seconds__gte=seconds).exists()
 
 
 _WAITING_SQL = """
@@ -273,7 +276,7 @@ def _waiting(queue: str, *, cap: int) -> list[_Waiting]:
     readings = queue_readings(queue)
     if connection.vendor != "postgresql" or not readings:
         pending = (
-            Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
+            _queue_shards(queue)
             .filter(status=ShardStatus.PENDING)
             .values("job_id")
             .annotate(n=Count("id"), longest=Max("estimated_seconds"))
