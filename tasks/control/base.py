@@ -1,5 +1,5 @@
 """The base class of control tasks: Django set up at the first call, stale database connections
-dropped around each call, a database that restarts waited for, and a job failed (from the statuses
+dropped around each call, a database, Redis or broker that restarts waited for, and a job failed (from the statuses
 its task names) when its task fails for good. A failure whose exception says `fails_no_job` (work
 shared by several jobs) fails none.
 """
@@ -10,8 +10,10 @@ import logging
 import os
 from typing import Any
 
+import redis
 from celery import Task
 from django.db import InterfaceError, OperationalError
+from kombu.exceptions import OperationalError as BrokerError
 
 from tasks.shared.config import CONTROL_HARD_TIME_LIMIT_S, CONTROL_SOFT_TIME_LIMIT_S
 
@@ -30,8 +32,10 @@ def ensure_django() -> None:
 class ControlTask(Task):
     acks_late = True
     reject_on_worker_lost = True
-    # A database that is restarting comes back: wait for it rather than fail the job.
-    autoretry_for = (OperationalError, InterfaceError)
+    # A database, Redis or broker that is restarting comes back: wait for it rather than fail the job.
+    # (Where the retry cannot be sent, the broker being down, Celery drops the message and the
+    # reconciler's sweep does the task's work.)
+    autoretry_for = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError, BrokerError)
     retry_backoff = 2
     retry_backoff_max = 60
     max_retries = 30

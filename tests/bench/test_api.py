@@ -27,11 +27,15 @@ def test_the_api_bench_reports_the_cpu_of_portal_and_clients_and_where_the_porta
         "0",
         "--fleet-slots",
         "0",
+        "--scheduler-jobs",
+        "0",
     ]
 
     out = manage_as_newcomer("bench", "--skip-io", *parts, *load, var_dir=tmp_path / "var")
 
     assert "API: 4 clients, 300 jobs in the database" in out
+    # A newcomer's database is SQLite: the retention part, left at its default, says why it is skipped.
+    assert "retention: skipped, it measures PostgreSQL's tables and this database is sqlite" in out
     cpu = re.findall(r"CPU with (no pause|500 ms between requests): portal ([\d.]+) cores, clients ([\d.]+) cores", out)
     assert [pace for pace, _, _ in cpu] == ["no pause", "500 ms between requests"], out
     portal_cores, clients_cores = float(cpu[0][1]), float(cpu[0][2])

@@ -394,6 +394,39 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
     assert job.status == JobStatus.FAILED, "its own ending, settled alone: the failure is the job's"
 
 
+def test_a_callback_that_loses_redis_while_draining_retries_and_fails_no_job(
+    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis restarting under a drainer is an outage like the database's: the callback waits it out."""
+    import redis
+
+    from portal.execution import endings_inbox
+    from tasks.control.shard_done import shard_done
+
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=1)
+    queue = gpu_queue(gpu_class.name)
+    schedule_queue(queue)
+    write_commit(job.shards.get(), compute_seconds=1.0)
+    calls = Counter[str]()
+    real_drain = endings_inbox.drain
+
+    def drain_once_without_redis(client: Any, queue: str) -> int:
+        calls.update(["drain"])
+        if calls["drain"] == 1:
+            raise redis.ConnectionError("Connection closed by server.")
+        return real_drain(client, queue)
+
+    monkeypatch.setattr(endings_inbox, "drain", drain_once_without_redis)
+
+    assert shard_done.apply(args=(str(job.pk), [0], queue)).successful()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING, job.error
+    assert calls["drain"] == 2, "retried"
+    assert job.shards.get().status == ShardStatus.SUCCEEDED
+
+
 def test_short_shards_get_more_places_a_slot_up_to_a_second_of_work_and_a_cap(settings: Any) -> None:
     settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT = 2
     settings.BATCHERY_SCHEDULER_SECONDS_AHEAD = 1.0

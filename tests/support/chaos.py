@@ -189,6 +189,7 @@ class ChaosResult:
     seconds: float
     status: str
     error_codes: dict[str, int]
+    job_error: str = ""
 
 
 def read_jsonl(uri: str) -> list[dict[str, Any]]:
@@ -221,6 +222,7 @@ def check_exactly_once(scenario: str, job: Any, input_ids: list[str], seconds: f
         seconds=round(seconds, 1),
         status=job.status,
         error_codes=dict(Counter(line["error"]["code"] for line in errors)),
+        job_error=job.error,
     )
     assert (duplicates, lost) == (0, 0), result
     assert ids == input_ids, "output lines are in input order, one per input record"

@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import connection
 from django.db.models import Sum
 
 from bench.api import render_api, run_api_bench
@@ -345,6 +346,13 @@ class Command(BaseCommand):
 
     def retention_bench(self, shards: int, jobs: int) -> None:
         self.stdout.write("")
+        if connection.vendor != "postgresql":
+            # Its figures are PostgreSQL's table and index sizes, what a deployment sizes its disks by.
+            self.stdout.write(
+                f"retention: skipped, it measures PostgreSQL's tables and this database is {connection.vendor}; "
+                "set DATABASE_URL to a PostgreSQL database to run it"
+            )
+            return
         self.stdout.write(render_retention(run_retention_bench(shards=shards, jobs=jobs, say=self.stdout.write)))
         self.stdout.write(rerun_line(retention_shards=shards) + f" --retention-jobs {jobs}")
 
