@@ -172,7 +172,7 @@ def run_ceiling_bench(
     profiles: list[Profile] = []
     note = ""
     try:
-        stack.wait_for_workers(queues={"control", "gpu.cpu"})
+        stack.wait_for_workers(queues={"control", "planning", "gpu.cpu"})
         time.sleep(6)  # the slots' first heartbeats, from which the scheduler sizes its window
         say("ceiling: warming the slots up ...")
         _run_job(tenant, warmup, shard_size=100)

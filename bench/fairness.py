@@ -103,7 +103,7 @@ def _stack(slots: int, **scheduler: str) -> Iterator[None]:
     stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=slots, logs_to_files=True), env=env)
     stack.start()
     try:
-        stack.wait_for_workers(queues={"control", "gpu.cpu"})
+        stack.wait_for_workers(queues={"control", "planning", "gpu.cpu"})
         time.sleep(6)  # the slots' first heartbeats, from which the scheduler sizes the window
         yield
     finally:

@@ -61,7 +61,7 @@ def stack_rate(*, dataset: Path, warmup: Path, model: str, cpu_slots: int, metri
     stack.start()
     stop = threading.Event()
     try:
-        stack.wait_for_workers(queues={"control", "gpu.cpu"})
+        stack.wait_for_workers(queues={"control", "planning", "gpu.cpu"})
         tenant = tenant_get_or_create(name="bench")
         watch_job(job_submit(tenant=tenant, request=JobRequest(model_name=model, input_uri=str(warmup), shard_size=50)))
         if metrics:

@@ -20,6 +20,7 @@ from tasks.shared.config import (
     FINALIZE_BATCH_TASK,
     MERGE_TASK,
     PLAN_TASK,
+    PLANNING_QUEUE,
     SHARD_TASK,
     SHARDS_ENDED_TASK,
     VALIDATE_BATCH_TASK,
@@ -39,7 +40,7 @@ class ShardLimits(NamedTuple):
 
 
 def send_plan(job_id: str, *, task_id: str | None = None) -> None:
-    app.send_task(PLAN_TASK, (job_id,), task_id=task_id, queue=CONTROL_QUEUE)
+    app.send_task(PLAN_TASK, (job_id,), task_id=task_id, queue=PLANNING_QUEUE)
 
 
 def send_merge(job_id: str, *, stop: str | None = None, task_id: str | None = None) -> None:

@@ -89,8 +89,8 @@ def s3(s3_service: S3Service, monkeypatch: pytest.MonkeyPatch) -> S3Service:
 def pipeline_workers(
     django_db_setup: None, django_db_blocker: Any, s3_service: S3Service
 ) -> Iterator[dict[str, WorkerProcess]]:
-    """A real control worker, a webhooks worker, a validation worker and a real `gpu.cpu` worker, sharing the
-    test database, broker and S3 server."""
+    """A real control worker, a planning worker, a webhooks worker, a validation worker and a real `gpu.cpu`
+    worker, sharing the test database, broker and S3 server."""
     from django.db import connection
 
     from tasks.app import app
@@ -109,6 +109,7 @@ def pipeline_workers(
     log_dir = ARTIFACTS / "logs"
     workers = {
         "control": start_worker("control", "control", env=env, log_dir=log_dir),
+        "planning": start_worker("planning", "planning", env=env, log_dir=log_dir),
         "webhooks": start_worker("webhooks", "webhooks", env=env, log_dir=log_dir, concurrency=2),
         "validation": start_worker("validation", "validation", env=env, log_dir=log_dir),
         "cpu": start_worker(

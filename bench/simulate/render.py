@@ -18,6 +18,8 @@ def command_of(options: SimulationOptions) -> str:
         f"--minutes {options.minutes:g}",
         f"--control-workers {options.control_workers}",
     ]
+    if options.first_shard_seconds is not None:
+        parts.append(f"--first-shard-seconds {options.first_shard_seconds:g}")
     if not options.faults:
         parts.append("--no-faults")
     return " ".join(parts)
@@ -27,13 +29,19 @@ def render(figures: dict[str, Any]) -> str:
     options: SimulationOptions = figures["options"]
     rerun = command_of(options)
     gaps = figures["gaps"]
+    lengths = figures["shard_lengths"]
     tick_p50, tick_p99 = tick_summary(figures["ticks"])
     exact = figures["exact"]
     endings = max(figures["shard_endings"], 1.0)
     cpu = figures["cpu"]
-    control_cpu = sum(seconds for name, seconds in cpu.items() if name.startswith("control"))
+    control_cpu = sum(seconds for name, seconds in cpu.items() if name.startswith(("control", "planning")))
     rows = [
         ("shard endings a second (sustained)", f"{figures['endings_per_s']:.1f}", rerun),
+        (
+            "shard length on a slot: mean / p50 (s)",
+            f"{statistics.fmean(lengths) if lengths else 0:.1f} / {statistics.median(lengths) if lengths else 0:.1f}",
+            rerun,
+        ),
         (
             "slot idle gap while work waits: p50 / p99 (s)",
             f"{(statistics.median(gaps) if gaps else 0):.2f} / {percentile(gaps, 0.99):.2f} ({len(gaps):,} gaps)",

@@ -72,6 +72,16 @@ def endings_per_s(events: list[dict[str, Any]], start: float, end: float) -> flo
     return done / max(end - start, 1e-9)
 
 
+def shard_lengths(events: list[dict[str, Any]], start: float, end: float) -> list[float]:
+    """Each acknowledged message's time on its slot, a shard, for those that ended in the window: the
+    `S` of the README's capacity model (a job's first shards are short by design, its last ones too)."""
+    return [
+        (e["ended"] - e["received"]) / len(e["shards"])
+        for e in executions(events)
+        if e["outcome"] == "acked" and start <= e["ended"] < end
+    ]
+
+
 def idle_gaps(events: list[dict[str, Any]], timeline: Timeline, start: float, end: float) -> list[float]:
     by_worker: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in executions(events):

@@ -57,7 +57,10 @@ class SimulationOptions:
     shard_seconds: int = 20
     minutes: float = 10.0
     control_workers: int = 1
-    control_concurrency: int = 2
+    control_concurrency: int = 4
+    planning_concurrency: int = 2
+    first_shard_seconds: float | None = None
+    """The slow start of a job's shards (`BATCHERY_FIRST_SHARD_SECONDS`); None: this site's setting."""
     fleet_processes: int = 4
     spread: float = 0.1
     faults: bool = True
@@ -79,7 +82,8 @@ class Processes:
     started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def spawn(self, name: str, command: list[str], env: dict[str, str], log_dir: Path) -> None:
-        with (log_dir / f"{name}.log").open("ab") as log:
+        # Each run's log anew: the scheduler's tick times are read from the control side's logs.
+        with (log_dir / f"{name}.log").open("wb") as log:
             self.started[name] = subprocess.Popen(
                 command, env=env, cwd=settings.BASE_DIR, start_new_session=True, stdout=log, stderr=log
             )
@@ -193,12 +197,15 @@ def fault_plan(options: SimulationOptions, slots: list[dict[str, str]], rng: ran
 
 
 def control_environment(options: SimulationOptions) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "BATCHERY_TARGET_SHARD_SECONDS": str(options.shard_seconds),
         "PYTHONPATH": str(settings.BASE_DIR),
     }
+    if options.first_shard_seconds is not None:
+        env["BATCHERY_FIRST_SHARD_SECONDS"] = str(options.first_shard_seconds)
+    return env
 
 
 def start_control(options: SimulationOptions, processes: Processes, env: dict[str, str], run_dir: Path) -> None:
@@ -210,6 +217,11 @@ def start_control(options: SimulationOptions, processes: Processes, env: dict[st
         if n == 0:
             command += ["--beat", "--schedule", str(run_dir / "beat-schedule")]
         processes.spawn(f"control{n}", command, env, run_dir)
+    planning = [
+        sys.executable, "-m", "celery", "--app", "tasks.app", "worker", "--queues", "planning",
+        "--concurrency", str(options.planning_concurrency), "--hostname", "planning@%h", "--loglevel", "INFO",
+    ]  # fmt: skip
+    processes.spawn("planning", planning, env, run_dir)
 
 
 def start_fleet(
@@ -322,7 +334,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
     deviation, fair_tenants = report.fair_share_deviation(
         events, timeline, by_id, begin, measure_end, waiting_from=measure_start
     )
-    ticks = report.scheduler_ticks(run_dir.glob("control*.log"))
+    ticks = report.scheduler_ticks([*run_dir.glob("control*.log"), run_dir / "planning.log"])
     endings = report.endings_per_s(events, measure_start, measure_end)
     shard_endings = endings * (measure_end - measure_start)
     return {
@@ -330,6 +342,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         "jobs": len(submitted),
         "endings_per_s": endings,
         "gaps": gaps,
+        "shard_lengths": report.shard_lengths(events, measure_start, measure_end),
         "fair_share_max_deviation": deviation,
         "fair_tenants": fair_tenants,
         "ticks": ticks,
@@ -357,6 +370,9 @@ def _drive(
     next_say = begin + 30
     cpu_start: dict[str, dict[int, float]] | None = None
     measure_start = begin + options.warmup
+    # The window every figure is measured over starts when the CPU is first read, which a burst of
+    # submissions (the backlogs, at the start) may delay past the warm-up.
+    measured_from = measure_start
     while time.time() < end:
         now = time.time()
         while pending and begin + pending[0].at_s <= now:
@@ -372,14 +388,16 @@ def _drive(
             next_sample = now + 2.0
         if cpu_start is None and now >= measure_start:
             cpu_start = processes.cpu_seconds()
+            measured_from = time.time()
         if now >= next_say:
             processes.check_alive()
             say(f"{now - begin:.0f} s: {len(submitted)} jobs submitted, {len(fleet_slots())} slots beating")
             next_say = now + 30
         time.sleep(0.05)
     cpu_end = processes.cpu_seconds()
+    measured_to = time.time()
     cpu = cpu_spent(cpu_start or {}, cpu_end)
-    return submitted, timeline, redis_peak, (begin, measure_start, time.time()), cpu
+    return submitted, timeline, redis_peak, (begin, measured_from, measured_to), cpu
 
 
 def _stops(planned: PlannedJob, job: Submitted, now: float) -> list[Action]:

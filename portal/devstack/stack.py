@@ -44,7 +44,7 @@ class StackOptions:
     logs_to_files: bool = False
     """Send each process's output to var/logs/<name>.log instead of this terminal."""
     workers: bool = True
-    """The control worker (with beat), the webhooks and validation workers and the slots; off for a
+    """The control worker (with beat), the planning, webhooks and validation workers and the slots; off for a
     benchmark of the portal alone."""
 
 
@@ -149,9 +149,10 @@ class Stack:
                 "--beat", "--schedule", str(schedule),
             ],
         )  # fmt: skip
-        # Webhook deliveries and batch validations off the control lane, each on a worker of its own,
-        # as the deployments run them: a slow receiver or a pile of large files never holds planning.
-        for queue, concurrency in (("webhooks", 4), ("validation", 1)):
+        # Planning, webhook deliveries and batch validations off the control lane, each on a worker of
+        # its own, as the deployments run them: a large input, a slow receiver or a pile of large files
+        # never holds the settling of shard endings.
+        for queue, concurrency in (("planning", 1), ("webhooks", 4), ("validation", 1)):
             self._spawn(
                 queue,
                 [

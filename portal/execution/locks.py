@@ -26,6 +26,16 @@ def lock_until_commit(name: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_key(name)])
 
 
+def taken_until_commit(name: str) -> bool:
+    """Take the lock `name` until the current transaction ends if nobody holds it; whether it was taken."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_key(name)])
+        (taken,) = cursor.fetchone()
+    return bool(taken)
+
+
 @contextmanager
 def held_unless_taken(name: str) -> Iterator[bool]:
     """Take the lock `name` for the block if nobody holds it, without waiting: the block gets whether it

@@ -36,7 +36,7 @@ from portal.jobs.models import SETTLING, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.transitions import job_fail
 from tasks import send
 from tasks.shared.broker_probe import BrokerView, pending_task_ids
-from tasks.shared.config import CONTROL_QUEUE, VISIBILITY_TIMEOUT_S
+from tasks.shared.config import CONTROL_QUEUE, PLANNING_QUEUE, VISIBILITY_TIMEOUT_S
 from tasks.shared.leases import job_lease_key, lease_holder, lease_holders, shard_lease_key
 from tasks.shared.stops import request_pause
 
@@ -176,7 +176,7 @@ def _pending_view() -> PendingView:
     @functools.cache
     def read() -> BrokerView | None:
         running = Job.objects.select_related("model__gpu_class").filter(status__in=SETTLING)
-        return pending_task_ids({CONTROL_QUEUE, *(job_queue(job) for job in running)})
+        return pending_task_ids({CONTROL_QUEUE, PLANNING_QUEUE, *(job_queue(job) for job in running)})
 
     return read
 

@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Max, OuterRef, QuerySet, Subquery
@@ -38,11 +39,12 @@ from portal.execution.dispatch import (
     task_id_column,
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
-from portal.execution.locks import lock_until_commit
+from portal.execution.locks import lock_until_commit, taken_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_filter, queue_jobs
 from tasks import send
 from tasks.shared.config import queue_readings
+from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -91,19 +93,90 @@ def decide(state: QueueState) -> DispatchPlan:
     return DispatchPlan(shards=dict(chosen), wave=wave)
 
 
-def _lock_queue(queue: str) -> None:
-    """Serialize the ticks of one queue (until the transaction ends), so two never fill the same places."""
-    lock_until_commit(f"batchery:schedule:{queue}")
+AGAIN_KEY = "batchery:schedule:{queue}:again"
+"""Set by a tick that found its queue's lock held: the holder ticks once more after letting go."""
+AGAIN_TTL_S = 60
+AGAIN_ROUNDS = 8
+
+
+def _lock_queue(queue: str, *, wait: bool) -> bool:
+    """Serialize the ticks of one queue (until the transaction ends), so two never fill the same places;
+    without `wait`, whether the lock was free."""
+    name = f"batchery:schedule:{queue}"
+    if wait:
+        lock_until_commit(name)
+        return True
+    return taken_until_commit(name)
 
 
 def schedule_queue(queue: str) -> int:
-    """Fill the queue's free places with waiting shards in fair-share order; return how many were sent."""
-    started = time.perf_counter()
+    """Fill the queue's free places with waiting shards in fair-share order; return how many this call
+    sent.
+
+    A tick that finds another tick of its queue under way does not wait for it: it asks the holder to
+    tick once more (`AGAIN_KEY`) and returns. Waiting, every settling callback and every planner of a
+    busy queue queued on its lock, each then to read again what the one before had just decided from;
+    asked, one holder ticks once for all who asked meanwhile. The asker tries the lock again after
+    asking, so a holder that let go before the ask is no matter, and a holder that lets go after it
+    finds the ask. Without Redis, ticks wait for the lock as before."""
     if _nothing_to_send():
         return 0
+    again = _Again(queue)
+    sent = _tick(queue, wait=False)
+    if sent is None:
+        if not again.ask():
+            return _tick(queue, wait=True) or 0
+        sent = _tick(queue, wait=False)
+        if sent is None:
+            return 0  # the holder ticks again for us
+    # Bounded: under a steady flow of asks one call would tick for everyone forever. An ask left
+    # is taken by the next tick's holder, or by the sweep's.
+    for _ in range(AGAIN_ROUNDS):
+        if not again.taken():
+            break
+        more = _tick(queue, wait=False)
+        if more is None:
+            again.ask()
+            more = _tick(queue, wait=False)
+            if more is None:
+                break
+        sent += more
+    return sent
+
+
+class _Again:
+    """The queue's ask-again mark in Redis; unusable without Redis."""
+
+    def __init__(self, queue: str) -> None:
+        self._key = AGAIN_KEY.format(queue=queue)
+        self._client = redis_client()
+        self.usable = True
+
+    def ask(self) -> bool:
+        try:
+            self._client.set(self._key, 1, ex=AGAIN_TTL_S)
+            return True
+        except redis.RedisError:
+            self.usable = False
+            return False
+
+    def taken(self) -> bool:
+        """Whether a tick was asked for since the last look (and take the ask)."""
+        if not self.usable:
+            return False
+        try:
+            return bool(self._client.delete(self._key))
+        except redis.RedisError:
+            return False
+
+
+def _tick(queue: str, *, wait: bool) -> int | None:
+    """One tick of the queue; None where `wait` is false and another tick holds the queue."""
+    started = time.perf_counter()
     claimed: list[tuple[Job, list[Shard]]] = []
     with transaction.atomic():
-        _lock_queue(queue)
+        if not _lock_queue(queue, wait=wait):
+            return None
         in_flight = _in_flight(queue)
         live = live_slots(queue)
         long_seconds = _long_shard_seconds()

@@ -15,11 +15,14 @@ from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, float_v
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROL_QUEUE = "control"
 # Work that a tenant can make slow or plentiful runs on queues and workers of its own, so that it
-# never waits in front of the control lane's planning, settling and merging.
+# never waits in front of the control lane's settling, scheduling and merging.
 WEBHOOKS_QUEUE = "webhooks"
 """Webhook deliveries and their sweep: a receiver may take an attempt's whole deadline to answer."""
 VALIDATION_QUEUE = "validation"
 """Validation of large `/v1/batches` input files: a tenant may queue many, each reading a large file."""
+PLANNING_QUEUE = "planning"
+"""Planning: an input of millions of records holds a process for minutes, and a burst of submissions
+queues thousands of plans; on the control queue they waited in front of the endings that free GPUs."""
 # Task names: every message is sent by name (`tasks.send`), so senders never import a task module.
 SHARD_TASK = "batchery.run_shard"
 """Runs one shard on a slot (`tasks.slot.run_shard.run_shard`)."""
@@ -45,13 +48,15 @@ DELIVER_WEBHOOK_TASK = "batchery.deliver_webhook"
 """One attempt at a webhook delivery (`tasks.control.webhooks`)."""
 WEBHOOKS_SWEEP_TASK = "batchery.webhooks_sweep"
 """The periodic sweep of overdue webhook deliveries (`tasks.control.webhooks`)."""
-CONTROL_TASKS = (PLAN_TASK, SHARDS_ENDED_TASK, MERGE_TASK, RECONCILE_TASK, RETENTION_TASK, FINALIZE_BATCH_TASK)
+CONTROL_TASKS = (SHARDS_ENDED_TASK, MERGE_TASK, RECONCILE_TASK, RETENTION_TASK, FINALIZE_BATCH_TASK)
+PLANNING_TASKS = (PLAN_TASK,)
 WEBHOOK_TASKS = (DELIVER_WEBHOOK_TASK, WEBHOOKS_SWEEP_TASK)
 VALIDATION_TASKS = (VALIDATE_BATCH_TASK,)
 TASK_QUEUES = {
     **dict.fromkeys(CONTROL_TASKS, CONTROL_QUEUE),
     **dict.fromkeys(WEBHOOK_TASKS, WEBHOOKS_QUEUE),
     **dict.fromkeys(VALIDATION_TASKS, VALIDATION_QUEUE),
+    **dict.fromkeys(PLANNING_TASKS, PLANNING_QUEUE),
 }
 """The queue of each task of the control side (the portal's database is near: `tasks.control`)."""
 GPU_QUEUE_PREFIX = "gpu."
@@ -124,7 +129,7 @@ def progress_redis_url() -> str:
 
 def declared_queues() -> list[str]:
     """The control side's queues and the GPU queues this site runs (`BATCHERY_GPU_QUEUES`, default gpu.cpu)."""
-    return [CONTROL_QUEUE, WEBHOOKS_QUEUE, VALIDATION_QUEUE, *GPU_QUEUES.read()]
+    return [CONTROL_QUEUE, PLANNING_QUEUE, WEBHOOKS_QUEUE, VALIDATION_QUEUE, *GPU_QUEUES.read()]
 
 
 def message_priority(tenant_priority: int) -> int:

@@ -66,6 +66,8 @@ def test_a_small_simulated_fleet_drives_the_real_control_plane_and_loses_nothing
     slots, endings_per_s, _, _, lost, duplicated = match.groups()
     assert (int(slots), int(lost), int(duplicated)) == (8, 0, 0), text
     assert float(endings_per_s) > 0, text
+    lengths = re.search(r"^shard length on a slot: mean / p50 \(s\) +([0-9.]+) / ([0-9.]+)", text, re.M)
+    assert lengths and 0 < float(lengths[1]) <= 10, text
 
     jobs = Job.objects.filter(tenant__name__startswith="sim-")
     assert jobs.exists() and not jobs.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.CANCELLED]).exists()

@@ -19,7 +19,8 @@ from tests.deploy.deployment_files import (
 from tests.deploy.test_prometheus_files import needs_promtool, promtool
 
 CONTROL_SERVICES = {
-    *("proxy", "setup", "portal", "control", "webhooks", "validation", "beat", "flower", "redis", "postgres", "s3")
+    *("proxy", "setup", "portal", "control", "planning", "webhooks", "validation", "beat", "flower"),
+    *("redis", "postgres", "s3"),
 }
 MONITORING_SERVICES = {"prometheus", "grafana"}
 GPU_SERVICES = {"gpu-a100": "a100-80gb", "gpu-l4": "l4-24gb"}
@@ -45,8 +46,10 @@ def test_the_batchery_services_run_the_commands_of_the_systemd_units() -> None:
     assert command("portal")[:2] == ["gunicorn", "portal.wsgi"]
     assert "--config=python:portal.gunicorn_conf" in command("portal")
     assert command("control")[:6] == ["celery", "--app", "tasks.app", "worker", "--queues", "control"]
-    for queue in ("webhooks", "validation"):
+    for queue in ("planning", "webhooks", "validation"):
         assert command(queue)[:6] == ["celery", "--app", "tasks.app", "worker", "--queues", queue]
+    # Planning a large input takes minutes: its worker gets a control worker's time to stop.
+    assert services()["planning"]["stop_grace_period"] == services()["control"]["stop_grace_period"]
     assert command("beat")[:4] == ["celery", "--app", "tasks.app", "beat"]
     assert command("flower") == ["python", "-m", "portal.ops.flower"]
     for service, gpu_class in GPU_SERVICES.items():
@@ -89,7 +92,7 @@ def test_each_gpu_service_gets_the_broker_and_the_store_and_nothing_of_the_contr
 
 def test_every_process_agrees_on_the_broker_the_storage_and_the_shard_time_limit() -> None:
     variables = compose_example_variables()
-    batchery = ["portal", "control", "webhooks", "validation", "beat", "flower", *GPU_SERVICES]
+    batchery = ["portal", "control", "planning", "webhooks", "validation", "beat", "flower", *GPU_SERVICES]
     for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "BATCHERY_STORAGE_URL", "BATCHERY_SHARD_TIME_LIMIT_S"):
         values = {compose_service_env(service, variables)[name] for service in batchery}
         assert len(values) == 1, f"{name} differs between services: {values}"

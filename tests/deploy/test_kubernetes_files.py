@@ -214,12 +214,18 @@ def test_network_policies_let_gpu_workers_reach_only_the_broker_the_store_and_dn
     assert ":6379/" in kubernetes_secret_example()["CELERY_BROKER_URL"] and common["AWS_ENDPOINT_URL"].endswith(":9000")
 
 
-def test_webhooks_and_validations_have_workers_of_their_own_off_the_control_lane(site: list[dict[str, Any]]) -> None:
-    for queue in ("control", "webhooks", "validation"):
+def test_planning_webhooks_and_validations_have_workers_of_their_own_off_the_control_lane(
+    site: list[dict[str, Any]],
+) -> None:
+    for queue in ("control", "planning", "webhooks", "validation"):
         [deployment] = find(site, "Deployment", queue)
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["command"][:6] == ["celery", "--app", "tasks.app", "worker", "--queues", queue]
         assert {"DATABASE_URL", "SECRET_KEY"} <= env_names(container, site)
+    # Planning a large input takes minutes: its workers get a control worker's time to stop.
+    [control], [planning] = find(site, "Deployment", "control"), find(site, "Deployment", "planning")
+    grace = "terminationGracePeriodSeconds"
+    assert planning["spec"]["template"]["spec"][grace] == control["spec"]["template"]["spec"][grace]
 
 
 def test_the_control_side_has_disruption_budgets_probes_and_requests(site: list[dict[str, Any]]) -> None:

@@ -28,10 +28,12 @@ def test_the_units_run_the_commands_of_compose_and_kubernetes() -> None:
     assert command("batchery-portal.service")[1:2] == ["portal.wsgi"]
     assert "python:portal.gunicorn_conf" in command("batchery-portal.service")
     assert command("batchery-control.service")[1:6] == ["--app", "tasks.app", "worker", "--queues", "control"]
-    # Webhook deliveries and batch validations run off the control lane, on workers of their own.
-    for queue in ("webhooks", "validation"):
+    # Planning, webhook deliveries and batch validations run off the control lane, on workers of their own.
+    for queue in ("planning", "webhooks", "validation"):
         assert command(f"batchery-{queue}.service")[1:6] == ["--app", "tasks.app", "worker", "--queues", queue]
         assert unit(f"batchery-{queue}.service")["EnvironmentFile"] == "/etc/batchery/batchery.env"
+    # Planning a large input takes minutes: its worker gets a control worker's time to stop.
+    assert unit("batchery-planning.service")["TimeoutStopSec"] == unit("batchery-control.service")["TimeoutStopSec"]
     assert command("batchery-beat.service")[1:4] == ["--app", "tasks.app", "beat"]
     assert command("batchery-flower.service")[1:] == ["-m", "portal.ops.flower"]
     assert command("batchery-gpuworkers.service")[1:4] == ["-m", "gpuworkers", "launch"]

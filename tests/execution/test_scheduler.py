@@ -499,3 +499,50 @@ def test_a_queue_whose_tick_fails_does_not_keep_the_sweep_from_filling_the_other
             connection.SimpleQueue(gpu_queue(other_class.name)).clear()
 
     assert (_dispatched(broken), _dispatched(healthy)) == (0, 2)
+
+
+def test_a_tick_that_finds_its_queue_held_asks_the_holder_to_tick_again_instead_of_waiting(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from portal.execution.locks import lock_until_commit
+
+    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 4
+    queue = gpu_queue(gpu_class.name)
+    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
+    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=4)
+    again = scheduler.AGAIN_KEY.format(queue=queue)
+    redis_client().delete(again)
+    held, release = threading.Event(), threading.Event()
+
+    def another_tick_under_way() -> None:
+        try:
+            with transaction.atomic():
+                lock_until_commit(f"batchery:schedule:{queue}")
+                held.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=another_tick_under_way)
+    holder.start()
+    try:
+        assert held.wait(10)
+        answers: list[int] = []
+        asker = threading.Thread(target=lambda: answers.append(schedule_queue(queue)) or connection.close())
+        asker.start()
+        asker.join(10)
+        assert answers == [0], "the tick waited for the lock's holder instead of asking it to tick again"
+        assert redis_client().get(again) == b"1"
+        assert _dispatched(job) == 0
+    finally:
+        release.set()
+        holder.join(10)
+
+    # The holder, once it let go, takes the ask and ticks again: here the next tick's holder does.
+    assert schedule_queue(queue) == 4
+    assert redis_client().get(again) is None, "the ask was taken"
+    assert _dispatched(job) == 4

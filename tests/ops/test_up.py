@@ -15,8 +15,8 @@ from tests.ops.conftest import UpProcess, stop_process_group
 
 pytestmark = pytest.mark.slow
 
-# Webhook deliveries and batch validations have workers of their own, off the control lane.
-WORKERS = {"control", "webhooks", "validation", "slot0-cpu"}
+# Planning, webhook deliveries and batch validations have workers of their own, off the control lane.
+WORKERS = {"control", "planning", "webhooks", "validation", "slot0-cpu"}
 
 
 def _get(url: str) -> int:
@@ -36,7 +36,7 @@ def _portal_workers(up: UpProcess, timeout_s: float = 30) -> int:
     return len(master.children())
 
 
-def test_up_starts_portal_flower_control_webhooks_validation_and_slot_workers_then_stops_on_sigterm(
+def test_up_starts_portal_flower_control_planning_webhooks_validation_and_slot_workers_then_stops_on_sigterm(
     up_without_services: UpProcess,
 ) -> None:
     up = up_without_services

@@ -71,21 +71,24 @@ class ChaosStack:
         self.start_redis(port=port)
 
     def start_control(self) -> WorkerProcess:
-        """The stack's control workers; the first, `control` (returned), runs the site's one beat."""
+        """The stack's control workers and its planning worker, `planning`; the first control worker,
+        `control` (returned), runs the site's one beat."""
         worker = start_worker(
             "control", "control", env=self.env, log_dir=self.log_dir, extra_args=["--beat", "--schedule",
             str(self.data_dir / "beat-schedule")],
         )  # fmt: skip
         self.workers["control"] = worker
-        for name in self.control_names()[1:]:
+        for name in self.control_names()[1:-1]:
             self.workers[name] = start_worker(name, "control", env=self.env, log_dir=self.log_dir)
+        self.workers["planning"] = start_worker("planning", "planning", env=self.env, log_dir=self.log_dir)
         return worker
 
     def control_names(self) -> list[str]:
-        return ["control", *(f"control{n}" for n in range(2, self.control_workers + 1))]
+        return ["control", *(f"control{n}" for n in range(2, self.control_workers + 1)), "planning"]
 
     def stop_control(self) -> None:
-        """Stop every control worker (warm shutdown): nothing consumes the control queue until `start_control`."""
+        """Stop every control worker and the planning worker (warm shutdown): nothing consumes the control
+        and planning queues until `start_control`."""
         for name in self.control_names():
             self.workers[name].stop()
 

@@ -32,13 +32,13 @@ def test_a_portal_process_loads_neither_the_slot_runtime_nor_the_control_tasks()
     assert done.stdout.split()[-1] == "none", done.stdout
 
 
-def test_deliveries_and_validations_are_published_to_their_own_queues_not_control() -> None:
+def test_plans_deliveries_and_validations_are_published_to_their_own_queues_not_control() -> None:
     """What Celery itself publishes (its `before_task_publish` signal names the routing key)."""
     from celery.signals import before_task_publish
 
     from tasks import send
     from tasks.app import app
-    from tasks.shared.config import DELIVER_WEBHOOK_TASK, VALIDATE_BATCH_TASK, WEBHOOKS_SWEEP_TASK
+    from tasks.shared.config import DELIVER_WEBHOOK_TASK, PLAN_TASK, VALIDATE_BATCH_TASK, WEBHOOKS_SWEEP_TASK
 
     published: dict[str, str] = {}
 
@@ -50,11 +50,13 @@ def test_deliveries_and_validations_are_published_to_their_own_queues_not_contro
         # Ids of nothing: a worker that takes them finds nothing to do.
         send.send_webhook_delivery(-1)
         send.send_batch_validation("batch_none", task_id="validate-batch_none-test")
+        send.send_plan("00000000-0000-0000-0000-000000000000", task_id="plan-nothing-test")
         app.send_task(WEBHOOKS_SWEEP_TASK, expires=1)
     finally:
         before_task_publish.disconnect(seen)
     assert published == {
         DELIVER_WEBHOOK_TASK: "webhooks",
         VALIDATE_BATCH_TASK: "validation",
+        PLAN_TASK: "planning",
         WEBHOOKS_SWEEP_TASK: "webhooks",
     }

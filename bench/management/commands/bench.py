@@ -393,7 +393,7 @@ class Command(BaseCommand):
         stack = Stack(StackOptions(portal=False, flower=False, cpu_slots=options["cpu_slots"], logs_to_files=True))
         stack.start()
         try:
-            stack.wait_for_workers(queues={"control", "gpu.cpu"})
+            stack.wait_for_workers(queues={"control", "planning", "gpu.cpu"})
             tenant = tenant_get_or_create(name="bench")
             warmup = write_demo_dataset(Path(settings.VAR_DIR) / "bench" / "warmup.jsonl", sentences=400, seed=1)
             self.stdout.write("warming the workers up (each slot loads the model once) ...")

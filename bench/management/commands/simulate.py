@@ -26,6 +26,15 @@ class Command(BaseCommand):
         parser.add_argument("--minutes", type=float, default=defaults.minutes, help="how long jobs are submitted")
         parser.add_argument("--control-workers", type=int, default=defaults.control_workers)
         parser.add_argument("--control-concurrency", type=int, default=defaults.control_concurrency)
+        parser.add_argument(
+            "--planning-concurrency", type=int, default=defaults.planning_concurrency, help="the planning worker's"
+        )
+        parser.add_argument(
+            "--first-shard-seconds",
+            type=float,
+            default=None,
+            help="the control plane's BATCHERY_FIRST_SHARD_SECONDS (default: this site's; 0: all at the target)",
+        )
         parser.add_argument("--fleet-processes", type=int, default=defaults.fleet_processes)
         parser.add_argument("--spread", type=float, default=defaults.spread, help="log-normal sigma of a batch's time")
         parser.add_argument("--no-faults", action="store_true", help="inject no fault")
@@ -49,6 +58,8 @@ class Command(BaseCommand):
             minutes=options["minutes"],
             control_workers=options["control_workers"],
             control_concurrency=options["control_concurrency"],
+            planning_concurrency=options["planning_concurrency"],
+            first_shard_seconds=options["first_shard_seconds"],
             fleet_processes=options["fleet_processes"],
             spread=options["spread"],
             faults=not options["no_faults"],

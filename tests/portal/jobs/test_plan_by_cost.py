@@ -17,7 +17,7 @@ from portal.catalog.throughput import throughput_observe
 from portal.execution import capacity
 from portal.execution.plan import job_plan
 from portal.execution.shard_cut import input_chars
-from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.rerun import job_rerun
 from portal.jobs.services.retry import job_retry
@@ -268,6 +268,40 @@ def test_a_job_of_known_size_ends_in_shrinking_shards_so_its_slots_end_together(
     assert counts[-2] == 20, "down to the minimum second"
     assert sum(counts) == 4_000
     assert len(counts) < 40, "the shrinking costs a few shards, not hundreds"
+
+
+def test_on_a_busy_queue_a_job_is_cut_at_the_target_not_spread_over_slots_it_cannot_have(
+    plan_sentences: Callable[[], list[Shard]],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    acme: Tenant,
+    minilm: Model,
+) -> None:
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 4)
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 60
+    settings.BATCHERY_MIN_SHARD_SECONDS = 1
+    # Another job holds the queue: a shard sent to each of the four slots.
+    running = Job.objects.create(
+        tenant=acme, model=minilm, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", output_uri="file:///o.jsonl"
+    )
+    for index in range(4):
+        Shard.objects.create(
+            job=running,
+            index=index,
+            first_record=index,
+            record_count=1,
+            input_uri=f"file:///in-{index}.jsonl",
+            prefix_uri=f"file:///shard-{index}",
+            status=ShardStatus.DISPATCHED,
+        )
+
+    counts = [shard.record_count for shard in plan_sentences()]
+
+    # 200 s of work with no slot to spare: it gets places one at a time, so its shards are the target's
+    # 60 s until its work left over two shards is less (on four idle slots the first would be 25 s).
+    assert counts[:3] == [1200, 1200, 800]
+    assert counts == sorted(counts, reverse=True)
+    assert sum(counts) == 4_000
 
 
 def test_a_job_too_large_to_count_at_submission_ends_in_shrinking_shards_too_from_the_bytes_left_to_read(

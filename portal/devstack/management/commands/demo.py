@@ -38,7 +38,7 @@ class Command(BaseCommand):
         )
         stack.start()
         try:
-            stack.wait_for_workers(queues={"control", "gpu.cpu"})
+            stack.wait_for_workers(queues={"control", "planning", "gpu.cpu"})
             dataset = write_demo_dataset(
                 Path(settings.VAR_DIR) / "demo" / "sentences.jsonl", sentences=options["sentences"]
             )

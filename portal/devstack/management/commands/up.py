@@ -13,7 +13,10 @@ from portal.devstack.stack import Stack, StackOptions
 
 
 class Command(BaseCommand):
-    help = "Run the portal (127.0.0.1:8000), Flower (127.0.0.1:5555), a control worker and a worker per slot."
+    help = (
+        "Run the portal (127.0.0.1:8000), Flower (127.0.0.1:5555), the control, planning, webhooks and validation "
+        "workers and a worker per slot."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--address", default="127.0.0.1:8000", help="where the portal listens")
