@@ -51,6 +51,14 @@ class StackOptions:
 def repoint_celery_app() -> None:
     """Point this process's Celery app at the broker the environment names now (`redis_client` follows by itself)."""
     app.conf.update(celery_settings())
+    # Celery builds its result backend and its broker connection pools once, from the settings of
+    # their first use, and keeps them: dropped (the pools as Celery's own `_after_fork` drops them),
+    # they are built again from these. Kept, a process that pointed the app at a Redis of its own and
+    # back went on using the first, even once that Redis was gone.
+    app._backend_cache = None  # type: ignore[attr-defined]  # not in the type stubs
+    app._local.backend = None  # type: ignore[attr-defined]
+    app._pool = None  # type: ignore[attr-defined]
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -47,6 +47,31 @@ def test_the_shared_broker_leaves_the_environment_as_it_found_it(
         repoint_celery_app()
 
 
+def test_a_repointed_app_sends_to_and_stores_results_in_the_redis_it_points_at_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The result backend is built from the settings of its first use: repointing builds it again, or a
+    process that used a Redis of its own and came back went on subscribing to the first (which a test
+    stopped: every later send in that process failed)."""
+    before = app.conf.result_backend
+    app.backend.client.ping()  # built now, for the app's own Redis, and the broker's pool
+    with app.pool.acquire(block=True):
+        pass
+    base, db = before.rsplit("/", 1)
+    other = (int(db) + 1) % 16
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        monkeypatch.setenv(name, f"{base}/{other}")
+    try:
+        repoint_celery_app()
+        assert app.backend.client.connection_pool.connection_kwargs["db"] == other
+        with app.pool.acquire(block=True) as connection:
+            assert connection.as_uri().endswith(f"/{other}"), "the broker's pool too"
+    finally:
+        monkeypatch.undo()
+        repoint_celery_app()
+    assert app.backend.url == before
+
+
 def test_the_stack_is_measured_at_each_target_size_by_default() -> None:
     options = Command().create_parser("manage.py", "bench").parse_args([])
 

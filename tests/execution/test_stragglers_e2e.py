@@ -51,7 +51,7 @@ def _slow_slot_consuming(sim: ChaosStack) -> Iterator[None]:
 
 
 def _run(sim: ChaosStack, tmp_path: Path, *, speculation: bool) -> tuple[Job, float]:
-    sim.workers.pop("control").stop()
+    sim.stop_control()  # the planning worker too: its ticks read the setting as well
     sim.env["BATCHERY_SPECULATION"] = "true" if speculation else "false"
     sim.start_control()
     wait_consuming(sim)

@@ -1,5 +1,6 @@
-"""BATCHERY_LOG_FORMAT=json end to end: the portal, a control worker and a launcher with its slot
-worker write nothing but JSON lines, and the lines of one job carry its id (and shard) on both sides."""
+"""BATCHERY_LOG_FORMAT=json end to end: the portal, a control worker, the planning worker and a launcher
+with its slot worker write nothing but JSON lines, and the lines of one job carry its id (and shard) on
+both sides."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ SHARD_SIZE = 20
 
 @pytest.fixture
 def stack_env() -> dict[str, str]:
-    """Every process of the stack (control worker, launcher, slot workers, `manage.py submit`) logs JSON."""
+    """Every process of the stack (control and planning workers, launcher, slot workers, `manage.py submit`)
+    logs JSON."""
     return {"BATCHERY_LOG_FORMAT": "json"}
 
 
@@ -110,9 +112,11 @@ def test_a_job_is_followed_by_its_id_through_json_lines_of_the_control_worker_an
     finally:
         launcher.stop()
     stack.workers["control"].stop()
+    stack.workers["planning"].stop()
 
     host_lines = json_lines(launcher.log_path)
     control_lines = json_lines(stack.workers["control"].log_path)
+    planning_lines = json_lines(stack.workers["planning"].log_path)
 
     shards = range(RECORDS // SHARD_SIZE)
     for shard in shards:
@@ -126,8 +130,9 @@ def test_a_job_is_followed_by_its_id_through_json_lines_of_the_control_worker_an
         assert {line["job_id"] for line in lines} == {job_id}, logger
         assert all(line["host"] for line in lines)
 
+    # Planning runs on its own lane's worker.
     for logger in ("celery.worker.strategy", "celery.app.trace"):
-        lines = celery_lines(control_lines, "batchery.plan_job", logger)
+        lines = celery_lines(planning_lines, "batchery.plan_job", logger)
         assert lines, f"no {logger} line of batchery.plan_job"
         assert {line["job_id"] for line in lines} == {job_id}, logger
     # A job this small merges in the callback that settled its last shard (BATCHERY_INLINE_MERGE_MAX_RECORDS).

@@ -78,9 +78,12 @@ class ChaosStack:
             str(self.data_dir / "beat-schedule")],
         )  # fmt: skip
         self.workers["control"] = worker
-        for name in self.control_names()[1:-1]:
-            self.workers[name] = start_worker(name, "control", env=self.env, log_dir=self.log_dir)
-        self.workers["planning"] = start_worker("planning", "planning", env=self.env, log_dir=self.log_dir)
+        # The others only where they are not running: a test may restart `control` alone.
+        for name in self.control_names()[1:]:
+            running = self.workers.get(name)
+            if running is None or running.process.poll() is not None:
+                queue = "planning" if name == "planning" else "control"
+                self.workers[name] = start_worker(name, queue, env=self.env, log_dir=self.log_dir)
         return worker
 
     def control_names(self) -> list[str]:
