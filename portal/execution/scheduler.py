@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, Max, OuterRef, Subquery
 from django.utils import timezone
 
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
@@ -41,7 +41,7 @@ from portal.execution.dispatch import (
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
 from portal.execution.locks import lock_until_commit, taken_until_commit
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.selectors import queue_filter, queue_jobs
+from portal.jobs.selectors import queue_jobs, queue_shards
 from tasks import send
 from tasks.shared.config import queue_readings
 from tasks.shared.redis_client import redis_client
@@ -122,30 +122,30 @@ def schedule_queue(queue: str) -> int:
     if _nothing_to_send():
         return 0
     again = _Again(queue)
-    sent = _tick(queue, wait=False)
+    sent = _tick_or_ask(queue, again)
     if sent is None:
-        if not again.ask():
-            return _tick(queue, wait=True) or 0
-        sent = _tick(queue, wait=False)
-        if sent is None:
-            return 0  # the holder ticks again for us
+        # Asked (the holder ticks again for us), or, without Redis to ask through, wait for the lock.
+        return 0 if again.usable else _tick(queue, wait=True) or 0
     # Bounded: under a steady flow of asks one call would tick for everyone forever. An ask left
     # is taken by the next tick's holder, or by the sweep's.
     for _ in range(AGAIN_ROUNDS):
-        if not again.taken():
+        if not again.taken() or (more := _tick_or_ask(queue, again)) is None:
             break
-        more = _tick(queue, wait=False)
-        if more is None:
-            again.ask()
-            more = _tick(queue, wait=False)
-            if more is None:
-                break
         sent += more
     return sent
 
 
+def _tick_or_ask(queue: str, again: _Again) -> int | None:
+    """A tick if the queue's lock is free; else ask its holder to tick again, then try once more (it may
+    have let go before the ask). None: asked, or not (`again.usable` false)."""
+    sent = _tick(queue, wait=False)
+    if sent is None and again.ask():
+        sent = _tick(queue, wait=False)
+    return sent
+
+
 class _Again:
-    """The queue's ask-again mark in Redis; unusable without Redis."""
+    """The queue's ask-again mark in Redis; unusable once Redis fails."""
 
     def __init__(self, queue: str) -> None:
         self._key = AGAIN_KEY.format(queue=queue)
@@ -167,6 +167,7 @@ class _Again:
         try:
             return bool(self._client.delete(self._key))
         except redis.RedisError:
+            self.usable = False
             return False
 
 
@@ -280,14 +281,9 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
     return [shard for shard in shards if shard.pk in mine]
 
 
-def _queue_shards(queue: str) -> QuerySet[Shard]:
-    """The shards of the queue's jobs that may be sent."""
-    return Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
-
-
 def _in_flight(queue: str) -> int:
     """The queue's shards sent and not ended: at most its window, counted through the unsettled index."""
-    return _queue_shards(queue).filter(status=ShardStatus.DISPATCHED).count()
+    return queue_shards(queue).filter(status=ShardStatus.DISPATCHED).count()
 
 
 def _long_shard_seconds() -> float:
@@ -297,7 +293,7 @@ def _long_shard_seconds() -> float:
 
 
 def _long_shard_waiting(queue: str, seconds: float) -> bool:
-    return _queue_shards(queue).filter(status=ShardStatus.PENDING, estimated_seconds__gte=seconds).exists()
+    return queue_shards(queue).filter(status=ShardStatus.PENDING, estimated_seconds__gte=seconds).exists()
 
 
 _WAITING_SQL = """
@@ -349,7 +345,7 @@ def _waiting(queue: str, *, cap: int) -> list[_Waiting]:
     readings = queue_readings(queue)
     if connection.vendor != "postgresql" or not readings:
         pending = (
-            _queue_shards(queue)
+            queue_shards(queue)
             .filter(status=ShardStatus.PENDING)
             .values("job_id")
             .annotate(n=Count("id"), longest=Max("estimated_seconds"))

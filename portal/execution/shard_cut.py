@@ -17,8 +17,8 @@ from django.conf import settings
 from portal.catalog.throughput import CostModel, throughput_estimate
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
-from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
-from portal.jobs.selectors import queue_filter
+from portal.jobs.models import UNSETTLED, Job
+from portal.jobs.selectors import queue_shards
 from tasks.shared.formats.records import Record
 
 
@@ -29,8 +29,7 @@ def spare_slots(queue: str) -> int:
     at 1,000 slots, every job under an hour of GPU time was cut into one-second shards. Counted up to
     the slots, through the index of unsettled shards."""
     slots = queue_slots(queue)
-    unsettled = Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
-    busy = unsettled.filter(status__in=UNSETTLED)[:slots].count()
+    busy = queue_shards(queue).filter(status__in=UNSETTLED)[:slots].count()
     return max(1, slots - busy)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 
-from portal.jobs.models import Job, JobUsage
+from portal.jobs.models import SCHEDULABLE, Job, JobUsage, Shard
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from tasks.shared.config import queue_readings
 from tasks.shared.progress import Progress, read_job_progress, read_jobs_progress
@@ -48,6 +48,11 @@ def queue_filter(queue: str, *, through: str = "") -> Q:
     for gpu_class, gpus in queue_readings(queue):
         served |= Q(**{f"{through}model__gpu_class__name": gpu_class, f"{through}model__gpus_per_replica": gpus})
     return served
+
+
+def queue_shards(queue: str) -> QuerySet[Shard]:
+    """The shards of the queue's schedulable jobs (planning or running): those its scheduler may send."""
+    return Shard.objects.filter(queue_filter(queue, through="job__"), job__status__in=SCHEDULABLE)
 
 
 def job_progress(job: Job, live: Progress | None = None) -> JobProgress:

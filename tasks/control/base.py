@@ -1,7 +1,7 @@
 """The base class of control tasks: Django set up at the first call, stale database connections
-dropped around each call, a database, Redis or broker that restarts waited for, and a job failed (from the statuses
-its task names) when its task fails for good. A failure whose exception says `fails_no_job` (work
-shared by several jobs) fails none.
+dropped around each call, a database, Redis or broker that restarts waited for, and a job failed
+(from the statuses its task names) when its task fails for good. A failure whose exception says
+`fails_no_job` (work shared by several jobs) fails none.
 """
 
 from __future__ import annotations

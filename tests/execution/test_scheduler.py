@@ -394,39 +394,6 @@ def test_a_shard_settled_alone_without_redis_fails_its_job_once_the_retries_are_
     assert job.status == JobStatus.FAILED, "its own ending, settled alone: the failure is the job's"
 
 
-def test_a_callback_that_loses_redis_while_draining_retries_and_fails_no_job(
-    gpu_class: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Redis restarting under a drainer is an outage like the database's: the callback waits it out."""
-    import redis
-
-    from portal.execution import endings_inbox
-    from tasks.control.shard_done import shard_done
-
-    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
-    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=1)
-    queue = gpu_queue(gpu_class.name)
-    schedule_queue(queue)
-    write_commit(job.shards.get(), compute_seconds=1.0)
-    calls = Counter[str]()
-    real_drain = endings_inbox.drain
-
-    def drain_once_without_redis(client: Any, queue: str) -> int:
-        calls.update(["drain"])
-        if calls["drain"] == 1:
-            raise redis.ConnectionError("Connection closed by server.")
-        return real_drain(client, queue)
-
-    monkeypatch.setattr(endings_inbox, "drain", drain_once_without_redis)
-
-    assert shard_done.apply(args=(str(job.pk), [0], queue)).successful()
-
-    job.refresh_from_db()
-    assert job.status == JobStatus.RUNNING, job.error
-    assert calls["drain"] == 2, "retried"
-    assert job.shards.get().status == ShardStatus.SUCCEEDED
-
-
 def test_short_shards_get_more_places_a_slot_up_to_a_second_of_work_and_a_cap(settings: Any) -> None:
     settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT = 2
     settings.BATCHERY_SCHEDULER_SECONDS_AHEAD = 1.0
@@ -499,50 +466,3 @@ def test_a_queue_whose_tick_fails_does_not_keep_the_sweep_from_filling_the_other
             connection.SimpleQueue(gpu_queue(other_class.name)).clear()
 
     assert (_dispatched(broken), _dispatched(healthy)) == (0, 2)
-
-
-def test_a_tick_that_finds_its_queue_held_asks_the_holder_to_tick_again_instead_of_waiting(
-    gpu_class: Any, tmp_path: Path, settings: Any
-) -> None:
-    import threading
-
-    from django.db import connection, connections, transaction
-
-    from portal.execution.locks import lock_until_commit
-
-    settings.BATCHERY_SCHEDULER_DEFAULT_WINDOW = 4
-    queue = gpu_queue(gpu_class.name)
-    model = ModelFactory(name="sched-model", gpu_class=gpu_class, is_default=False)
-    job = _running_job(TenantFactory(name="solo"), model, tmp_path, shards=4)
-    again = scheduler.AGAIN_KEY.format(queue=queue)
-    redis_client().delete(again)
-    held, release = threading.Event(), threading.Event()
-
-    def another_tick_under_way() -> None:
-        try:
-            with transaction.atomic():
-                lock_until_commit(f"batchery:schedule:{queue}")
-                held.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=another_tick_under_way)
-    holder.start()
-    try:
-        assert held.wait(10)
-        answers: list[int] = []
-        asker = threading.Thread(target=lambda: answers.append(schedule_queue(queue)) or connection.close())
-        asker.start()
-        asker.join(10)
-        assert answers == [0], "the tick waited for the lock's holder instead of asking it to tick again"
-        assert redis_client().get(again) == b"1"
-        assert _dispatched(job) == 0
-    finally:
-        release.set()
-        holder.join(10)
-
-    # The holder, once it let go, takes the ask and ticks again: here the next tick's holder does.
-    assert schedule_queue(queue) == 4
-    assert redis_client().get(again) is None, "the ask was taken"
-    assert _dispatched(job) == 4
