@@ -87,15 +87,15 @@ def count_storage_requests(*, under: str = "") -> Iterator[Counter[str]]:
             setattr(LocalStore, name, method)
 
 
-def write_commit(shard: Shard, *, compute_seconds: float = 1.0) -> None:
-    """The commit marker a finished attempt of `shard` writes, accounting for all of its records."""
+def write_commit(shard: Shard, *, compute_seconds: float = 1.0, pid: int = 1) -> None:
+    """The commit marker a finished attempt of `shard` (by process `pid`) writes, accounting for all of its records."""
     now = time.time()
     manifest = ShardManifest(
         job_id=str(shard.job_id),
         shard_index=shard.index,
         attempt_id=uuid.uuid4().hex,
         worker="bench@sim",
-        pid=1,
+        pid=pid,
         output_uri=shard.prefix_uri + "/out.jsonl",
         errors_uri=shard.prefix_uri + "/errors.jsonl",
         records=shard.record_count,

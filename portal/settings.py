@@ -336,13 +336,15 @@ BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int(
 # A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
 # the target: its first results come within a second whatever its size (0: every shard at the target).
 # Small: the first shard is where the estimate is least known, and one learned from short records may
-# be several times short of what long ones take.
+# be several times short of what long ones take. The doubling holds for as many shards as the job's
+# queue has spare slots: on a busy fleet only the first shard is short.
 BATCHERY_FIRST_SHARD_SECONDS = env_float(
     "BATCHERY_FIRST_SHARD_SECONDS",
     0.1,
     minimum=0.0,
-    doc="A job cut by cost starts with a shard of this many estimated seconds, doubling up to the target; 0 "
-    "cuts every shard at the target.",
+    doc="A job cut by cost starts with a shard of this many estimated seconds, doubling up to the target for "
+    "as many shards as its queue has spare slots (on a busy fleet, the first shard alone); 0 cuts every shard "
+    "at the target.",
 )
 BATCHERY_MAX_SHARD_RECORDS = env_int(
     "BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1, doc="The most records in a shard cut by cost."

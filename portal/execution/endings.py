@@ -14,7 +14,7 @@ from typing import NamedTuple
 import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 
 from gpuworkers.logs import log_context
 from portal.execution.costs import shard_cost_estimate
@@ -22,7 +22,7 @@ from portal.execution.decayed_usage import usage_charge
 from portal.execution.dispatch import job_queue
 from portal.execution.merge import job_merge, job_merge_advance
 from portal.execution.scheduler import schedule_queue
-from portal.execution.settle import Settled, SettleLedger, shards_settle
+from portal.execution.settle import SettleBatch, Settled, SettleLedger
 from portal.execution.signals import jobs_progressed, shards_redispatched
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.transitions import job_fail
@@ -47,9 +47,10 @@ class ShardEnding(NamedTuple):
 
 
 def endings_settle(endings: Iterable[ShardEnding | tuple[str, int]]) -> None:
-    """Shards whose tasks returned or failed, settled together (`finished_inbox` gathers them): a job's
-    committed shards' rows are written in one statement, the usage ledger and the throughput fit once,
-    each queue is scheduled once and each job is looked at for its merge once, however many shards ended.
+    """Shards whose tasks returned or failed, settled together (`endings_inbox` gathers them): their rows
+    are read in one statement and the committed ones written in one (`SettleBatch`), the usage ledger and
+    the throughput fit once, each queue is scheduled once and each job is looked at for its merge once,
+    however many shards and jobs ended.
 
     A job whose shard output contradicts its row fails; a database error goes up (the caller gives
     the endings back and the task retries); any other error leaves that job's shards to the
@@ -59,21 +60,32 @@ def endings_settle(endings: Iterable[ShardEnding | tuple[str, int]]) -> None:
         by_job[str(job_id)][int(index)] = in_wave
     rows = Job.objects.select_related("model__gpu_class", "tenant").filter(pk__in=list(by_job))
     jobs = {str(job.pk): job for job in rows}
+    unsettled = _unsettled({job_id: list(indexes) for job_id, indexes in by_job.items() if job_id in jobs})
     ledger = SettleLedger()
-    settled_jobs: list[Job] = []
+    batch = SettleBatch(ledger)
+    examined: list[tuple[Job, list[tuple[Shard, Settled]]]] = []
     for job_id, indexes in by_job.items():
         job = jobs.get(job_id)
         if job is None:
             continue  # deleted since: nothing to settle
+        waved = {index for index, ended_in_wave in indexes.items() if ended_in_wave}
         try:
-            _settle_shards(job, indexes, ledger)
+            examined.append((job, batch.examine(job, unsettled[job_id], ended_in_wave=waved)))
         except (OperationalError, InterfaceError):
             raise
         except ValueError as exc:
             job_fail(job_id=job_id, reason=f"refused inconsistent shard output: {exc}")
-            continue
         except Exception:
             logger.exception("job %s: settling shards %s failed; the reconciler tries again", job_id, sorted(indexes))
+    batch.write()
+    settled_jobs: list[Job] = []
+    for job, outcomes in examined:
+        try:
+            _follow_up(job, outcomes)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:
+            logger.exception("job %s: sending its shards again failed; the reconciler tries again", job.id)
             continue
         settled_jobs.append(job)
     ledger.flush()
@@ -102,11 +114,23 @@ def _advance_due(job: Job) -> bool:
         return False
 
 
-def _settle_shards(job: Job, indexes: dict[int, bool], ledger: SettleLedger) -> None:
-    """Settle the job's shards of these indexes (-> whether they ended in a wave)."""
-    unsettled = Shard.objects.filter(job=job, index__in=list(indexes), status__in=UNSETTLED).order_by("index")
-    in_wave = {index for index, ended_in_wave in indexes.items() if ended_in_wave}
-    for shard, settled in shards_settle(job, list(unsettled), ledger, ended_in_wave=in_wave):
+def _unsettled(indexes: dict[str, list[int]]) -> defaultdict[str, list[Shard]]:
+    """Each job's shards of these indexes that are not settled yet, in index order, in one statement."""
+    by_job: defaultdict[str, list[Shard]] = defaultdict(list)
+    if not indexes:
+        return by_job
+    wanted = Q()
+    for job_id, job_indexes in indexes.items():
+        wanted |= Q(job_id=job_id, index__in=job_indexes)
+    for shard in Shard.objects.filter(wanted, status__in=UNSETTLED).order_by("job_id", "index"):
+        by_job[str(shard.job_id)].append(shard)
+    return by_job
+
+
+def _follow_up(job: Job, outcomes: list[tuple[Shard, Settled]]) -> None:
+    """Send again the job's shards whose task was killed or worker lost; put back to wait those that arrived
+    while it was paused."""
+    for shard, settled in outcomes:
         if settled is Settled.RETRY:
             shards_requeue(job=job, shards=[shard], reason="its task was killed or its worker lost")
         elif settled is Settled.HELD:

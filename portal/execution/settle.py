@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
-from django.db import connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from portal.catalog.throughput import throughput_observe_many
 from portal.execution.costs import shard_cost_estimate, shard_cost_measured
@@ -25,6 +26,8 @@ from portal.jobs.models import UNSETTLED, Job, Shard, ShardStatus
 from tasks.app import app
 from tasks.shared.specs import ShardManifest, attempt_started, read_commit
 from tasks.shared.stops import PAUSED
+
+logger = logging.getLogger(__name__)
 
 # Failures a new attempt may not repeat: the task was killed or its process died.
 TRANSIENT_FAILURES = frozenset({"TimeLimitExceeded", "SoftTimeLimitExceeded", "WorkerLostError", "Terminated"})
@@ -178,33 +181,84 @@ def shards_settle(
     job: Job, shards: Sequence[Shard], ledger: SettleLedger | None = None, *, ended_in_wave: Set[int] = frozenset()
 ) -> list[tuple[Shard, Settled]]:
     """Look at each of a job's unsettled shards' commit and task; record what ended, say what is to be done
-    with each. The rows of those committed are written together (`shards_record_success`).
+    with each (`SettleBatch` of one job). Without a `ledger`, its usage corrections and throughput are
+    written at the end."""
+    batch = SettleBatch(ledger or SettleLedger())
+    outcomes = batch.examine(job, shards, ended_in_wave=ended_in_wave)
+    batch.write()
+    if ledger is None:
+        batch.ledger.flush()
+    return outcomes
 
-    A committed shard's usage correction and throughput go into `ledger` (the caller flushes it);
-    without one, they are written at the end. For the indexes in `ended_in_wave`, the wave message that
-    carried the shard (`run_shards`) has ended, so a shard with no outcome of its own never ran to its
-    end: the wave's time limit or a lost worker ended it there (RETRY), or it waited behind the shard
-    that did (HELD: that sending does not count)."""
-    into = ledger or SettleLedger()
-    outcomes: list[tuple[Shard, Settled]] = []
-    committed: list[tuple[Shard, ShardManifest]] = []
-    for shard in shards:
-        manifest = read_manifest(shard)
-        if manifest is None:
-            outcomes.append((shard, _settle_uncommitted(shard, wave_ended=shard.index in ended_in_wave)))
-        else:
-            committed.append((shard, manifest))
-            outcomes.append((shard, Settled.COMMITTED))
-    gpu_class_id = job.model.gpu_class_id
-    for shard, manifest in shards_record_success(committed):
+
+@dataclass
+class SettleBatch:
+    """Shards of several jobs settled together: each job's shards examined on its own (`examine`), the
+    rows of all those committed written in one statement (`write`), their usage corrections and
+    throughput put in `ledger` (the caller flushes it). A batch of endings from many small jobs cost two
+    statements a job where it now costs two in all."""
+
+    ledger: SettleLedger
+    committed: list[tuple[Job, Shard, ShardManifest]] = field(default_factory=list)
+
+    def examine(
+        self, job: Job, shards: Sequence[Shard], *, ended_in_wave: Set[int] = frozenset()
+    ) -> list[tuple[Shard, Settled]]:
+        """What is to be done with each of the job's unsettled shards: a committed one is kept for
+        `write`; an uncommitted one's failure is recorded now. For the indexes in `ended_in_wave`, the wave
+        message that carried the shard (`run_shards`) has ended, so a shard with no outcome of its own never
+        ran to its end: the wave's time limit or a lost worker ended it there (RETRY), or it waited behind
+        the shard that did (HELD: that sending does not count). ValueError: a commit that contradicts its
+        row (nothing of the job is kept then)."""
+        outcomes: list[tuple[Shard, Settled]] = []
+        committed: list[tuple[Job, Shard, ShardManifest]] = []
+        for shard in shards:
+            manifest = read_manifest(shard)
+            if manifest is None:
+                outcomes.append((shard, _settle_uncommitted(shard, wave_ended=shard.index in ended_in_wave)))
+            else:
+                committed.append((job, shard, manifest))
+                outcomes.append((shard, Settled.COMMITTED))
+        self.committed += committed
+        return outcomes
+
+    def write(self) -> None:
+        """Record the committed attempts. A database error that is not the database being away (a value
+        one shard's manifest carries, say) fails each job's rows alone, logged and left to the
+        reconciler's sweep: one bad shard must not keep its queue's other endings from settling."""
+        try:
+            settled = shards_record_success([(shard, manifest) for _, shard, manifest in self.committed])
+        except (OperationalError, InterfaceError):
+            raise
+        except DatabaseError:
+            logger.warning("writing %d settled shards together failed; each job's alone", len(self.committed))
+            settled = self._write_each_job()
+        jobs = {shard.pk: job for job, shard, _ in self.committed}
+        for shard, manifest in settled:
+            self._account(jobs[shard.pk], shard, manifest)
+        self.committed = []
+
+    def _write_each_job(self) -> list[tuple[Shard, ShardManifest]]:
+        by_job: defaultdict[str, list[tuple[Shard, ShardManifest]]] = defaultdict(list)
+        for job, shard, manifest in self.committed:
+            by_job[str(job.pk)].append((shard, manifest))
+        settled: list[tuple[Shard, ShardManifest]] = []
+        for job_id, committed in by_job.items():
+            try:
+                settled += shards_record_success(committed)
+            except (OperationalError, InterfaceError):
+                raise
+            except DatabaseError:
+                logger.exception("job %s: recording its committed shards failed; the reconciler tries again", job_id)
+        return settled
+
+    def _account(self, job: Job, shard: Shard, manifest: ShardManifest) -> None:
+        gpu_class_id = job.model.gpu_class_id
         correction = shard_cost_measured(job, manifest) - shard_cost_estimate(job, shard)
-        into.charges[gpu_class_id][job.tenant_id] += correction
-        into.observations[(job.model_id, gpu_class_id)].append(
+        self.ledger.charges[gpu_class_id][job.tenant_id] += correction
+        self.ledger.observations[(job.model_id, gpu_class_id)].append(
             (manifest.records, shard.input_chars, manifest.compute_seconds)
         )
-    if ledger is None:
-        into.flush()
-    return outcomes
 
 
 def _settle_uncommitted(shard: Shard, *, wave_ended: bool) -> Settled:

@@ -48,7 +48,9 @@ class ShardCut:
     first_seconds: float | None = None
     """Cutting by cost: the first shard's target, doubled for each next one up to `target_seconds`,
     so that a job's first results come within a second whatever its size (slow start), while
-    its later shards are as large as the target; None: every shard at the target."""
+    its later shards are as large as the target; None: every shard at the target. The doubling holds
+    for the shards that can start at once (`slots`): a shard that waits for another to end gains no
+    latency from being short, and on a busy fleet of small jobs short shards would double its endings."""
     guided_spread: int = 0
     """Cutting by cost: each shard ends at the job's work left divided by this many shards a slot
     (down to `min_seconds`): guided self-scheduling, in its factoring variant. Shards shrink as the
@@ -85,11 +87,11 @@ class ShardCut:
 
     def target_of(self, shard_number: int, *, records_before: int = 0, left_seconds: float | None = None) -> float:
         """The estimated seconds at which the job's `shard_number`-th shard (from 0), starting after
-        `records_before` records, ends: the target, the slow start's, and near the end of the job its
-        work left over `guided_spread` shards a slot, whichever is least. The work left is
-        `left_seconds` where given, else what the records counted at submission leave."""
+        `records_before` records, ends: the target, the slow start's (for the first `slots` shards), and
+        near the end of the job its work left over `guided_spread` shards a slot, whichever is least.
+        The work left is `left_seconds` where given, else what the records counted at submission leave."""
         target = self.target_seconds
-        if self.first_seconds is not None and shard_number < 64:
+        if self.first_seconds is not None and shard_number < min(self.slots, 64):
             target = min(target, self.first_seconds * 2**shard_number)
         if self.guided_spread:
             if left_seconds is None and self.total_records:

@@ -83,9 +83,9 @@ def test_a_tick_whose_window_is_full_reads_no_job(gpu_class: Any, tmp_path: Path
     sent, statements = _statements(lambda: schedule_queue(gpu_queue(gpu_class.name)))
     assert sent == 0
     assert not [sql for sql in statements if sql.startswith('SELECT "jobs_job"')], statements
-    # Nothing-to-send, BEGIN, the lock, the shards in flight, a long shard waiting, COMMIT: no statement
-    # grows with the shards waiting.
-    assert len(statements) == 6, statements
+    # Nothing-to-send, BEGIN, the lock, the shards in flight with whether a long shard waits, COMMIT: no
+    # statement grows with the shards waiting.
+    assert len(statements) == 5, statements
 
     # A place frees: the same tick reads the jobs and sends the shard.
     Shard.objects.filter(job=job, index=0).update(status=ShardStatus.SUCCEEDED)
@@ -264,3 +264,72 @@ def test_a_committed_attempt_already_recorded_is_not_settled_twice_and_another_a
 
     assert [shard.index for shard, _ in settled] == [1, 2]
     assert Shard.objects.get(pk=shards[0].pk).attempt_id == "attempt-0"
+
+
+def _running_jobs(gpu_class: Any, root: Path, count: int) -> list[Job]:
+    """`count` running jobs of one tenant, each with two shards sent: a long one and one that ends."""
+    model = ModelFactory(name="settle-batch", gpu_class=gpu_class, is_default=False)
+    tenant = TenantFactory(name="batched")
+    jobs = []
+    for number in range(count):
+        job = Job.objects.create(
+            tenant=tenant,
+            model=model,
+            status=JobStatus.RUNNING,
+            input_uri="file:///x.jsonl",
+            output_uri=(root / f"job-{number}" / "output.jsonl").as_uri(),
+            shard_size=1,
+        )
+        for index in range(2):
+            prefix = root / f"job-{number}" / f"shard-{index}"
+            prefix.mkdir(parents=True)
+            Shard.objects.create(
+                job=job,
+                index=index,
+                first_record=index,
+                record_count=1,
+                input_uri=(prefix / "input.jsonl").as_uri(),
+                prefix_uri=prefix.as_uri(),
+                status=ShardStatus.DISPATCHED,
+                task_id=f"shard-{job.pk}-{index}-t",
+            )
+        jobs.append(job)
+    return jobs
+
+
+def test_endings_of_many_jobs_read_and_write_their_shards_in_one_statement_each(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    from bench.reconcile import write_commit
+    from portal.execution.endings import ShardEnding, endings_settle
+
+    settings.BATCHERY_SPECULATION = False
+    jobs = _running_jobs(gpu_class, tmp_path, 5)
+    for job in jobs:
+        write_commit(job.shards.get(index=0))
+
+    _, statements = _statements(lambda: endings_settle([ShardEnding(str(job.pk), 0) for job in jobs]))
+
+    assert all(job.shards.get(index=0).status == ShardStatus.SUCCEEDED for job in jobs)
+    reads = [sql for sql in statements if sql.startswith('SELECT "jobs_shard"') and '"jobs_shard"."index" IN' in sql]
+    writes = [sql for sql in statements if sql.startswith('UPDATE "jobs_shard"') and "FROM (VALUES" in sql]
+    assert (len(reads), len(writes)) == (1, 1), statements
+
+
+def test_a_shard_whose_commit_the_database_refuses_leaves_the_other_jobs_endings_settled(
+    gpu_class: Any, tmp_path: Path, settings: Any
+) -> None:
+    from bench.reconcile import write_commit
+    from portal.execution.endings import ShardEnding, endings_settle
+
+    settings.BATCHERY_SPECULATION = False
+    good, bad, other = _running_jobs(gpu_class, tmp_path, 3)
+    write_commit(good.shards.get(index=0))
+    write_commit(bad.shards.get(index=0), pid=2**40)  # more than the column holds
+    write_commit(other.shards.get(index=0))
+
+    endings_settle([ShardEnding(str(job.pk), 0) for job in (good, bad, other)])
+
+    assert good.shards.get(index=0).status == ShardStatus.SUCCEEDED
+    assert other.shards.get(index=0).status == ShardStatus.SUCCEEDED
+    assert bad.shards.get(index=0).status == ShardStatus.DISPATCHED, "left to the reconciler's sweep"

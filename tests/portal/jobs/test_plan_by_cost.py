@@ -240,8 +240,9 @@ def plan_sentences(
 
 
 def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_results_come_at_once(
-    plan_sentences: Callable[[], list[Shard]], settings: Any
+    plan_sentences: Callable[[], list[Shard]], settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 8)
     settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
     settings.BATCHERY_TARGET_SHARD_SECONDS = 8
 
@@ -250,6 +251,39 @@ def test_a_job_starts_with_short_shards_doubling_up_to_the_target_so_its_first_r
     # 0.5 s, 1 s, 2 s, 4 s, then the 8 s target at 0.05 s a record (until the job nears its end).
     assert [shard.record_count for shard in shards[:6]] == [10, 20, 40, 80, 160, 160]
     assert sum(shard.record_count for shard in shards) == 4_000
+
+
+def test_on_a_busy_queue_the_slow_start_is_one_short_shard_not_a_ladder_of_them(
+    plan_sentences: Callable[[], list[Shard]],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    acme: Tenant,
+    minilm: Model,
+) -> None:
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 2)
+    settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
+    settings.BATCHERY_TARGET_SHARD_SECONDS = 8
+    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 0
+    running = Job.objects.create(
+        tenant=acme, model=minilm, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", output_uri="file:///o.jsonl"
+    )
+    for index in range(2):
+        Shard.objects.create(
+            job=running,
+            index=index,
+            first_record=index,
+            record_count=1,
+            input_uri=f"file:///in-{index}.jsonl",
+            prefix_uri=f"file:///shard-{index}",
+            status=ShardStatus.DISPATCHED,
+        )
+
+    counts = [shard.record_count for shard in plan_sentences()]
+
+    # Its shards start one at a time as others end: the first is short, for the first results; the
+    # rest would only wait as long for a slot, so they are cut at the target, not 1 s, 2 s, 4 s.
+    assert counts[:3] == [10, 160, 160]
+    assert sum(counts) == 4_000
 
 
 def test_a_job_of_known_size_ends_in_shrinking_shards_so_its_slots_end_together(
@@ -307,7 +341,8 @@ def test_on_a_busy_queue_a_job_is_cut_at_the_target_not_spread_over_slots_it_can
 def test_a_job_too_large_to_count_at_submission_ends_in_shrinking_shards_too_from_the_bytes_left_to_read(
     plan_sentences: Callable[[], list[Shard]], settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(capacity, "live_slots", lambda queue: 2)
+    monkeypatch.setattr(capacity, "live_slots", lambda queue: 4)  # four slack slots: a slow start of four
+    settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 1
     settings.BATCHERY_TARGET_SHARD_SECONDS = 60
     settings.BATCHERY_MIN_SHARD_SECONDS = 1
     settings.BATCHERY_FIRST_SHARD_SECONDS = 4  # the first shard's 80 records tell the bytes a record
@@ -318,7 +353,7 @@ def test_a_job_too_large_to_count_at_submission_ends_in_shrinking_shards_too_fro
     counts = [shard.record_count for shard in shards]
     assert Job.objects.get(pk=shards[0].job_id).total_records == 4_000, "counted by its planner"
     assert counts[:4] == [80, 160, 320, 640], "the slow start"
-    # 2,800 records (140 s) left after those, over four: 700 records, give or take the read-ahead.
+    # 2,800 records (140 s) left after those, over four (one a slot): 700 records, give or take the read-ahead.
     assert 630 <= counts[4] <= 770
     assert counts[4:] == sorted(counts[4:], reverse=True), "then shards only shrink"
     assert counts[-2] == 20, "down to the minimum second"
