@@ -43,7 +43,7 @@ class ShardEnding(NamedTuple):
     job_id: str
     shard_index: int
     in_wave: bool = False
-    """Its message was a wave's (`run_shards`), which has ended: see `settle.shards_settle`'s `ended_in_wave`."""
+    """Its message was a wave's (`run_shards`), which has ended: see `settle.SettleBatch.examine`'s `ended_in_wave`."""
 
 
 def endings_settle(endings: Iterable[ShardEnding | tuple[str, int]]) -> None:

@@ -21,17 +21,18 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from portal.execution.dispatch import job_queue
 from portal.execution.endings import shard_hold_back, shards_requeue
 from portal.execution.scheduler import schedule_all
-from portal.execution.settle import Settled, shards_settle
+from portal.execution.settle import SettleBatch, Settled, SettleLedger
 from portal.jobs.models import SETTLING, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.transitions import job_fail
 from tasks import send
@@ -102,26 +103,40 @@ def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
     return shard.task_id not in view.queued and age > STALE_AFTER_S / 4
 
 
-def _unattended(job: Job, now: dt.datetime) -> list[Shard]:
-    """The job's dispatched shards that may have ended or been lost unseen: sent before the grace,
-    held by no live attempt. A held or fresh shard's own callback settles it."""
+def _unattended(jobs: list[Job], now: dt.datetime) -> dict[str, list[Shard]]:
+    """The jobs' dispatched shards that may have ended or been lost unseen, by job id: sent before the
+    grace, held by no live attempt. A held or fresh shard's own callback settles it.
+
+    Two statements and one MGET for all the jobs: a few a job made a sweep over 2,000 running jobs
+    take seconds of round trips, almost all finding nothing."""
     sent_before = now - dt.timedelta(seconds=SETTLE_GRACE_S)
-    dispatched = job.shards.filter(status=ShardStatus.DISPATCHED)
-    # Indexes only: a sweep reads every running shard's, and ids (UUIDs) cost five times as much to read.
-    indexes = list(
-        dispatched.filter(Q(dispatched_at__lte=sent_before) | Q(dispatched_at__isnull=True)).values_list(
-            "index", flat=True
-        )
+    # Keys only: a sweep reads every running shard's, and whole rows cost several times as much to read.
+    sent = list(
+        Shard.objects.filter(job__in=jobs, status=ShardStatus.DISPATCHED)
+        .filter(Q(dispatched_at__lte=sent_before) | Q(dispatched_at__isnull=True))
+        .values_list("pk", "job_id", "index")
     )
-    job_id = str(job.id)
-    holders = lease_holders([shard_lease_key(job_id, index) for index in indexes])
-    free = [index for index, holder in zip(indexes, holders, strict=True) if holder is None]
-    return list(dispatched.filter(index__in=free)) if free else []
+    holders = lease_holders([shard_lease_key(str(job_id), index) for _, job_id, index in sent])
+    free = [pk for (pk, _, _), holder in zip(sent, holders, strict=True) if holder is None]
+    by_job: dict[str, list[Shard]] = {}
+    for shard in Shard.objects.filter(pk__in=free).order_by("index") if free else []:
+        by_job.setdefault(str(shard.job_id), []).append(shard)
+    return by_job
 
 
-def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
+def _sweep_job(
+    job: Job,
+    outcomes: list[tuple[Shard, Settled]],
+    settled_round: bool,
+    now: dt.datetime,
+    pending: PendingView,
+    report: ReconcileReport,
+) -> None:
+    """Send again the job's unattended shards that settling found lost (`outcomes`); merge it if none of
+    its round is unsettled. `settled_round`: none was when the sweep began (read for all jobs at once;
+    read again here for a job whose shards the sweep settled)."""
     lost = []
-    for shard, settled in shards_settle(job, _unattended(job, now)):
+    for shard, settled in outcomes:
         if settled is Settled.HELD:
             shard_hold_back(shard)
         elif settled is Settled.RETRY or (settled is Settled.RUNNING and _lost(shard, pending, now)):
@@ -132,28 +147,63 @@ def _sweep_job(job: Job, now: dt.datetime, pending: PendingView, report: Reconci
         )
     if job.status != JobStatus.RUNNING:
         return  # a paused job merges once resumed, a planning one once its planner has cut every shard
-    unsettled = job.shards.filter(round=job.retry_round, status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED])
-    if not unsettled.exists() and lease_holder(job_lease_key("merge", str(job.id))) is None:
+    if outcomes:
+        settled_round = not _round_unsettled(job).exists()
+    if settled_round and lease_holder(job_lease_key("merge", str(job.id))) is None:
         # The last shard's callback may be on its way; a second merge of the same job does nothing.
         send.send_merge(str(job.id), task_id=_merge_task_id(str(job.id)))
         report.merged += 1
+
+
+@contextmanager
+def _alone(job: Job, report: ReconcileReport) -> Iterator[None]:
+    """Each job is swept on its own: one whose storage says something impossible fails alone, and one
+    whose sweep fails otherwise (storage unreachable for its prefix, say) is tried again at the next sweep."""
+    try:
+        yield
+    except ValueError as exc:
+        job_fail(job_id=str(job.id), reason=f"reconcile refused inconsistent shard output: {exc}")
+        report.failed_jobs += 1
+    except Exception:
+        logger.exception("reconcile: sweeping job %s failed; the next sweep tries again", job.id)
+
+
+def _round_unsettled(job: Job) -> QuerySet[Shard]:
+    return job.shards.filter(round=job.retry_round, status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED])
+
+
+def _settled_rounds(jobs: list[Job]) -> set[str]:
+    """The running jobs none of whose shards of their current round is unsettled, in one statement."""
+    unsettled = Shard.objects.filter(
+        job=OuterRef("pk"), round=OuterRef("retry_round"), status__in=[ShardStatus.PENDING, ShardStatus.DISPATCHED]
+    )
+    running = [job.pk for job in jobs if job.status == JobStatus.RUNNING]
+    settled = Job.objects.filter(pk__in=running).exclude(Exists(unsettled)).values_list("pk", flat=True)
+    return {str(pk) for pk in settled}
 
 
 def _sweep_running(now: dt.datetime, pending: PendingView, report: ReconcileReport) -> None:
     jobs = list(Job.objects.select_related("model__gpu_class", "tenant").filter(status__in=SETTLING))
     # Rebuilt from PostgreSQL on every sweep: a pause outlives Redis.
     request_pause([str(job.id) for job in jobs if job.status == JobStatus.PAUSED])
+    unattended = _unattended(jobs, now)
+    settled_rounds = _settled_rounds(jobs)
+    # Every job's unattended shards examined alone, those committed written together: after Redis came
+    # back empty, every running shard is unattended.
+    batch = SettleBatch(SettleLedger())
+    examined: dict[str, list[tuple[Shard, Settled]]] = {}
     for job in jobs:
-        try:
-            _sweep_job(job, now, pending, report)
-        except ValueError as exc:
-            # A commit marker that does not match its shard: this job cannot end well, the others can.
-            job_fail(job_id=str(job.id), reason=f"reconcile refused inconsistent shard output: {exc}")
-            report.failed_jobs += 1
-        except Exception:
-            # Anything else (storage unreachable for this job's prefix, say) may pass: the next sweep
-            # tries this job again, and the other jobs are swept now.
-            logger.exception("reconcile: sweeping job %s failed; the next sweep tries again", job.id)
+        if shards := unattended.get(str(job.id)):
+            with _alone(job, report):
+                examined[str(job.id)] = batch.examine(job, shards)
+    batch.write()
+    batch.ledger.flush()
+    for job in jobs:
+        job_id = str(job.id)
+        if job_id in unattended and job_id not in examined:
+            continue  # failed above
+        with _alone(job, report):
+            _sweep_job(job, examined.get(job_id, []), job_id in settled_rounds, now, pending, report)
     report.scheduled_shards += schedule_all()
 
 

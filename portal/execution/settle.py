@@ -177,26 +177,12 @@ def shard_record_failure(shard: Shard, *, reason: str, code: str = "shard_failed
     return bool(rows.update(status=ShardStatus.FAILED, error=reason, error_codes={code: shard.record_count}))
 
 
-def shards_settle(
-    job: Job, shards: Sequence[Shard], ledger: SettleLedger | None = None, *, ended_in_wave: Set[int] = frozenset()
-) -> list[tuple[Shard, Settled]]:
-    """Look at each of a job's unsettled shards' commit and task; record what ended, say what is to be done
-    with each (`SettleBatch` of one job). Without a `ledger`, its usage corrections and throughput are
-    written at the end."""
-    batch = SettleBatch(ledger or SettleLedger())
-    outcomes = batch.examine(job, shards, ended_in_wave=ended_in_wave)
-    batch.write()
-    if ledger is None:
-        batch.ledger.flush()
-    return outcomes
-
-
 @dataclass
 class SettleBatch:
     """Shards of several jobs settled together: each job's shards examined on its own (`examine`), the
     rows of all those committed written in one statement (`write`), their usage corrections and
-    throughput put in `ledger` (the caller flushes it). A batch of endings from many small jobs cost two
-    statements a job where it now costs two in all."""
+    throughput put in `ledger` (the caller flushes it): a batch of endings, or a sweep, of many jobs costs
+    two statements, not two a job."""
 
     ledger: SettleLedger
     committed: list[tuple[Job, Shard, ShardManifest]] = field(default_factory=list)

@@ -71,7 +71,7 @@ def run_shards(self: Any, shards: list[tuple[str, dict[str, Any], float]]) -> in
 
     A shard that fails fails alone; the next one runs. A worker lost or a time limit puts the whole
     message back (or ends it): its committed shards answer from their commit marker when it runs again,
-    and its callback finds the shards that have no outcome (`settle.shards_settle`, `ended_in_wave`)."""
+    and its callback finds the shards that have no outcome (`settle.SettleBatch.examine`, `ended_in_wave`)."""
     worker = self.request.hostname or socket.gethostname()
     for task_id, spec, soft_time_limit in shards:
         shard = ShardSpec.from_dict(spec)

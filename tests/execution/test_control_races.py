@@ -27,7 +27,7 @@ from portal.execution.locks import held_unless_taken
 from portal.execution.merge import MERGE_LOCK, job_merge
 from portal.execution.reconcile import jobs_reconcile
 from portal.execution.scheduler import schedule_queue
-from portal.execution.settle import Settled, shards_settle
+from portal.execution.settle import SettleBatch, Settled, SettleLedger
 from portal.jobs.models import Job, JobStatus, Shard, ShardStatus
 from tasks.app import app
 from tasks.shared.config import SHARD_MAX_DISPATCHES, gpu_queue
@@ -36,6 +36,15 @@ from tests.execution.test_scheduler import _callbacks_overdue, _running_job
 from tests.factories import ModelFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _settle(job: Job, shards: list[Shard]) -> list[tuple[Shard, Settled]]:
+    """Settle the job's shards as a batch of endings or a sweep does."""
+    batch = SettleBatch(SettleLedger())
+    outcomes = batch.examine(job, shards)
+    batch.write()
+    batch.ledger.flush()
+    return outcomes
 
 
 def _someone_waits_on_me() -> bool:
@@ -93,7 +102,7 @@ def test_a_shard_settled_by_another_process_while_a_tick_sends_it_is_not_sent_or
     write_commit(shard, compute_seconds=4.0)
     late = job.shards.get()
 
-    with _other_process_writes(lambda: shards_settle(Job.objects.select_related("model").get(pk=job.pk), [late])):
+    with _other_process_writes(lambda: _settle(Job.objects.select_related("model").get(pk=job.pk), [late])):
         sent = schedule_queue(queue)
 
     late.refresh_from_db()
@@ -114,9 +123,7 @@ def test_a_shard_given_up_by_a_sweep_keeps_the_success_another_process_settled(g
     seen_by_sweep = job.shards.get()
     write_commit(seen_by_sweep, compute_seconds=1.0)
 
-    with _other_process_writes(
-        lambda: shards_settle(Job.objects.select_related("model").get(pk=job.pk), [seen_by_sweep])
-    ):
+    with _other_process_writes(lambda: _settle(Job.objects.select_related("model").get(pk=job.pk), [seen_by_sweep])):
         shards_requeue(job=job, shards=[seen_by_sweep], reason="sent too often")
 
     assert job.shards.get().status == ShardStatus.SUCCEEDED
@@ -137,7 +144,7 @@ def test_a_task_failure_read_before_another_process_settled_the_shard_does_not_o
         Shard.objects.filter(pk=shard.pk).update(status=ShardStatus.SUCCEEDED, attempt_id="copy")
 
     with _other_process_writes(copy_settled):
-        [(_, settled)] = shards_settle(Job.objects.select_related("model").get(pk=job.pk), [shard])
+        [(_, settled)] = _settle(Job.objects.select_related("model").get(pk=job.pk), [shard])
 
     assert settled is not Settled.FAILED
     assert job.shards.get().status == ShardStatus.SUCCEEDED
@@ -181,7 +188,7 @@ def test_a_merge_finds_the_job_merged_by_another_process_whose_lease_was_lost_an
     # Redis restarted empty under a running merge: its lease is gone, and the sweep of another control
     # process sends the merge again.
     job, output = _finished_one_shard_job(tmp_path, gpu_class)
-    shards_settle(Job.objects.select_related("model").get(pk=job.pk), list(job.shards.all()))
+    _settle(Job.objects.select_related("model").get(pk=job.pk), list(job.shards.all()))
     merging, done = threading.Event(), threading.Event()
 
     def other_merge() -> None:

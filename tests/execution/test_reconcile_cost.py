@@ -78,3 +78,24 @@ def test_a_sweep_over_fresh_or_held_shards_asks_storage_only_about_the_unattende
     }
     for job in (fresh_job, held_job):
         assert Job.objects.get(pk=job.pk).shards.exclude(status=ShardStatus.DISPATCHED).count() == 0
+
+
+def test_a_sweep_asks_the_database_and_redis_as_often_for_ten_running_jobs_as_for_two(
+    model: Any, tmp_path: Path, leases: list[str]
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def statements(jobs: int) -> int:
+        old = timezone.now() - dt.timedelta(seconds=SETTLE_GRACE_S + 60)
+        running = simulate_running_jobs(
+            root=tmp_path / str(jobs), jobs=jobs, shards_per_job=3, sent_at=old, model=model
+        )
+        # Every shard held by a live attempt: a healthy fleet's sweep, which finds nothing to do.
+        leases.extend(hold_leases([(str(job.pk), index) for job in running for index in range(3)], ttl_s=60))
+        with CaptureQueriesContext(connection) as captured:
+            jobs_reconcile()
+        Job.objects.filter(pk__in=[job.pk for job in running]).delete()
+        return len(captured.captured_queries)
+
+    assert statements(10) == statements(2)

@@ -32,7 +32,7 @@ def _job(root: Path, *, output_format: str = "jsonl") -> Job:
 
 
 def _settle(shard: Shard) -> None:
-    """What `shards_settle` records for the shard: its commit, or its failure for good."""
+    """What settling (`SettleBatch`) records for the shard: its commit, or its failure for good."""
     committed_settle(shard, LAYOUT)
 
 
