@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from bench.simulate.report import percentile, tick_summary
-from bench.simulate.run import SimulationOptions
+from bench.simulate.run import MACHINE, SimulationOptions
 
 
 def command_of(options: SimulationOptions) -> str:
@@ -65,6 +65,10 @@ def render(figures: dict[str, Any]) -> str:
     ]
     for name in sorted(cpu):
         rows.append((f"CPU s per 1,000 shard endings: {name}", f"{cpu[name] / endings * 1000:.1f}", rerun))
+    if figures["endings_per_s"] > 0 and MACHINE in cpu:
+        window_s = figures["shard_endings"] / figures["endings_per_s"]
+        busy = f"{cpu[MACHINE] / window_s:.2f} of {figures['cores']}"
+        rows.append(("the machine's cores busy over the window", busy, rerun))
     redis = figures["redis"]
     rows.append(
         (

@@ -94,12 +94,15 @@ class Processes:
                 raise RuntimeError(f"{name} exited with {process.returncode}; see its log")
 
     def cpu_seconds(self) -> dict[str, dict[int, float]]:
-        """CPU seconds by process id: each started process's tree (a worker's pool), PostgreSQL's and Redis's."""
+        """CPU seconds by process id: each started process's tree (a worker's pool), PostgreSQL's and Redis's,
+        this process's (the workload's driver), and the whole machine's (`MACHINE`, under pid 0)."""
         figures: dict[str, dict[int, float]] = {}
         for name, process in self.started.items():
             figures[name] = _tree_cpu(process.pid)
         for label, names in (("postgres", {"postgres"}), ("redis", {"redis-server"})):
             figures[label] = {p.pid: _cpu(p) for p in psutil.process_iter(["name"]) if p.info["name"] in names}
+        figures["driver"] = {os.getpid(): _cpu(psutil.Process())}
+        figures[MACHINE] = {0: _machine_busy()}
         return figures
 
     def stop(self, names: list[str] | None = None) -> None:
@@ -122,6 +125,16 @@ def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, fl
         name: sum(seconds - before.get(name, {}).get(pid, 0.0) for pid, seconds in pids.items())
         for name, pids in after.items()
     }
+
+
+MACHINE = "machine, every process"
+
+
+def _machine_busy() -> float:
+    """CPU seconds the machine's cores spent on anything but idling or waiting for I/O (guest time is in
+    user time already)."""
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -348,6 +361,7 @@ def simulate(options: SimulationOptions, say: Callable[[str], None]) -> dict[str
         "ticks": ticks,
         "exact": exact,
         "cpu": cpu,
+        "cores": psutil.cpu_count(),
         "shard_endings": shard_endings,
         "redis": dict(redis_peak),
         "tables": _table_sizes(),
