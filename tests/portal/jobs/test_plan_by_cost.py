@@ -218,6 +218,23 @@ def test_a_records_characters_count_its_texts_and_its_messages_contents() -> Non
     assert input_chars([{"role": "user", "content": deep}]) == 3
 
 
+def _hold_the_queue(tenant: Tenant, model: Model, *, slots: int) -> None:
+    """Another job holds the model's queue: a shard sent to each of its `slots` slots."""
+    running = Job.objects.create(
+        tenant=tenant, model=model, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", output_uri="file:///o.jsonl"
+    )
+    for index in range(slots):
+        Shard.objects.create(
+            job=running,
+            index=index,
+            first_record=index,
+            record_count=1,
+            input_uri=f"file:///in-{index}.jsonl",
+            prefix_uri=f"file:///shard-{index}",
+            status=ShardStatus.DISPATCHED,
+        )
+
+
 @pytest.fixture
 def plan_sentences(
     acme: Tenant,
@@ -264,19 +281,7 @@ def test_on_a_busy_queue_the_slow_start_is_one_short_shard_not_a_ladder_of_them(
     settings.BATCHERY_FIRST_SHARD_SECONDS = 0.5
     settings.BATCHERY_TARGET_SHARD_SECONDS = 8
     settings.BATCHERY_GUIDED_SHARDS_PER_SLOT = 0
-    running = Job.objects.create(
-        tenant=acme, model=minilm, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", output_uri="file:///o.jsonl"
-    )
-    for index in range(2):
-        Shard.objects.create(
-            job=running,
-            index=index,
-            first_record=index,
-            record_count=1,
-            input_uri=f"file:///in-{index}.jsonl",
-            prefix_uri=f"file:///shard-{index}",
-            status=ShardStatus.DISPATCHED,
-        )
+    _hold_the_queue(acme, minilm, slots=2)
 
     counts = [shard.record_count for shard in plan_sentences()]
 
@@ -314,20 +319,7 @@ def test_on_a_busy_queue_a_job_is_cut_at_the_target_not_spread_over_slots_it_can
     monkeypatch.setattr(capacity, "live_slots", lambda queue: 4)
     settings.BATCHERY_TARGET_SHARD_SECONDS = 60
     settings.BATCHERY_MIN_SHARD_SECONDS = 1
-    # Another job holds the queue: a shard sent to each of the four slots.
-    running = Job.objects.create(
-        tenant=acme, model=minilm, status=JobStatus.RUNNING, input_uri="file:///x.jsonl", output_uri="file:///o.jsonl"
-    )
-    for index in range(4):
-        Shard.objects.create(
-            job=running,
-            index=index,
-            first_record=index,
-            record_count=1,
-            input_uri=f"file:///in-{index}.jsonl",
-            prefix_uri=f"file:///shard-{index}",
-            status=ShardStatus.DISPATCHED,
-        )
+    _hold_the_queue(acme, minilm, slots=4)
 
     counts = [shard.record_count for shard in plan_sentences()]
 
