@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench.simulate.cpu import MACHINE
 from bench.simulate.report import percentile, tick_summary
-from bench.simulate.run import MACHINE, SimulationOptions
+from bench.simulate.run import SimulationOptions
 
 
 def command_of(options: SimulationOptions) -> str:

@@ -29,6 +29,7 @@ from django.db import connection
 from django.db.models import Count
 
 from bench.simulate import report
+from bench.simulate.cpu import MACHINE, cpu_spent, machine_busy, process_cpu, tree_cpu
 from bench.simulate.gpu_model import GPU_CLASSES
 from bench.simulate.workload import (
     TENANT_PREFIX,
@@ -98,11 +99,11 @@ class Processes:
         this process's (the workload's driver), and the whole machine's (`MACHINE`, under pid 0)."""
         figures: dict[str, dict[int, float]] = {}
         for name, process in self.started.items():
-            figures[name] = _tree_cpu(process.pid)
+            figures[name] = tree_cpu(process.pid)
         for label, names in (("postgres", {"postgres"}), ("redis", {"redis-server"})):
-            figures[label] = {p.pid: _cpu(p) for p in psutil.process_iter(["name"]) if p.info["name"] in names}
-        figures["driver"] = {os.getpid(): _cpu(psutil.Process())}
-        figures[MACHINE] = {0: _machine_busy()}
+            figures[label] = {p.pid: process_cpu(p) for p in psutil.process_iter(["name"]) if p.info["name"] in names}
+        figures["driver"] = {os.getpid(): process_cpu(psutil.Process())}
+        figures[MACHINE] = {0: machine_busy()}
         return figures
 
     def stop(self, names: list[str] | None = None) -> None:
@@ -117,40 +118,6 @@ class Processes:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-
-
-def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
-    """CPU seconds between two readings, by name: a process that started meanwhile counts from 0."""
-    return {
-        name: sum(seconds - before.get(name, {}).get(pid, 0.0) for pid, seconds in pids.items())
-        for name, pids in after.items()
-    }
-
-
-MACHINE = "machine, every process"
-
-
-def _machine_busy() -> float:
-    """CPU seconds the machine's cores spent on anything but idling or waiting for I/O (guest time is in
-    user time already)."""
-    times = psutil.cpu_times()
-    return times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
-
-
-def _cpu(process: psutil.Process) -> float:
-    try:
-        times = process.cpu_times()
-    except psutil.Error:
-        return 0.0
-    return times.user + times.system
-
-
-def _tree_cpu(pid: int) -> dict[int, float]:
-    try:
-        root = psutil.Process(pid)
-        return {process.pid: _cpu(process) for process in [root, *root.children(recursive=True)]}
-    except psutil.Error:
-        return {}
 
 
 def fleet_layout(options: SimulationOptions) -> list[list[dict[str, str]]]:

@@ -19,12 +19,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Count, F, Max, OuterRef, Subquery
+from django.db import transaction
+from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
@@ -34,16 +33,15 @@ from portal.execution.dispatch import (
     job_queue,
     new_dispatch_tag,
     new_task_id,
-    priority_for,
     shards_send,
     task_id_column,
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
 from portal.execution.locks import lock_until_commit, taken_until_commit
+from portal.execution.queue_reads import Waiting, long_shard_seconds, queue_waiting, window_reading
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
-from portal.jobs.selectors import queue_jobs, queue_shards
+from portal.jobs.selectors import queue_jobs
 from tasks import send
-from tasks.shared.config import queue_readings
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -179,15 +177,15 @@ def _tick(queue: str, *, wait: bool) -> int | None:
         if not _lock_queue(queue, wait=wait):
             return None
         live = live_slots(queue)
-        long_seconds = _long_shard_seconds()
-        in_flight, long_waiting = _window_reading(queue, long_seconds)
+        long_seconds = long_shard_seconds()
+        in_flight, long_waiting = window_reading(queue, long_seconds)
         if long_waiting and window_for(live, long_seconds) <= in_flight:
             return 0  # full: most ticks of a busy fleet, read in two index lookups
         # A job takes at most the free places in one tick: reading more of its waiting shards tells nothing.
         # With only short shards waiting, their lengths size the window: as many places as it may have.
         shortest = settings.BATCHERY_SCHEDULER_SECONDS_AHEAD / settings.BATCHERY_SCHEDULER_MAX_SHARDS_PER_SLOT
         free = window_for(live, long_seconds if long_waiting else shortest) - in_flight
-        waiting = _waiting(queue, cap=max(1, free))
+        waiting = queue_waiting(queue, cap=max(1, free))
         if not waiting:
             # A job still planning has more shards coming: its running ones are not stragglers yet.
             jobs = queue_jobs(queue, statuses=SCHEDULABLE)
@@ -280,112 +278,6 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
     return [shard for shard in shards if shard.pk in mine]
 
 
-def _long_shard_seconds() -> float:
-    """The shortest shard that gets a slot's least places (`capacity.shards_per_slot`): a queue with a
-    shard this long waiting has its smallest window, whatever its other shards' lengths."""
-    return settings.BATCHERY_SCHEDULER_SECONDS_AHEAD / settings.BATCHERY_SCHEDULER_SHARDS_PER_SLOT
-
-
-def _window_reading(queue: str, long_seconds: float) -> tuple[int, bool]:
-    """The queue's shards sent and not ended (at most its window, counted through the unsettled index),
-    and whether a shard of at least `long_seconds` waits: in one statement, which is most of what a tick
-    of a full queue asks (a busy fleet's usual tick)."""
-    in_flight = queue_shards(queue).filter(status=ShardStatus.DISPATCHED).values("pk")
-    long_waiting = queue_shards(queue).filter(status=ShardStatus.PENDING, estimated_seconds__gte=long_seconds)
-    in_flight_sql, in_flight_params = in_flight.query.sql_with_params()
-    long_sql, long_params = long_waiting.values("pk")[:1].query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT (SELECT count(*) FROM ({in_flight_sql}) f), EXISTS ({long_sql})",
-            (*in_flight_params, *long_params),
-        )
-        count, waiting = cursor.fetchone()
-    return count, bool(waiting)
-
-
-_WAITING_SQL = """
-SELECT x.id, x.tenant_id, x.weight, x.priority, x.tenant_priority, x.created_at, x.gpu_class_id,
-       x.gpus_per_replica, w.n, w.longest
-FROM (
-    SELECT j.id, j.tenant_id, t.weight, j.priority, t.priority AS tenant_priority, j.created_at,
-           m.gpu_class_id, m.gpus_per_replica,
-           row_number() OVER (
-               PARTITION BY j.tenant_id
-               ORDER BY LEAST(COALESCE(j.priority, t.priority), t.priority) DESC, j.created_at, j.id
-           ) AS place
-    FROM jobs_job j
-    JOIN tenancy_tenant t ON t.id = j.tenant_id
-    JOIN catalog_model m ON m.id = j.model_id
-    JOIN catalog_gpuclass g ON g.id = m.gpu_class_id
-    WHERE j.status = ANY(%(statuses)s) AND ({served})
-      AND EXISTS (SELECT 1 FROM jobs_shard p WHERE p.job_id = j.id AND p.status = %(pending)s)
-) x
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n, max(f.estimated_seconds) AS longest FROM (
-        SELECT s.estimated_seconds FROM jobs_shard s
-        WHERE s.job_id = x.id AND s.status = %(pending)s ORDER BY s.index LIMIT %(cap)s
-    ) f
-) w
-WHERE x.place <= %(cap)s
-"""
-_WAITING_FIELDS = (
-    "id",
-    "tenant_id",
-    "tenant__weight",
-    "priority",
-    "tenant__priority",
-    "created_at",
-    "model__gpu_class_id",
-    "model__gpus_per_replica",
-)
-
-
-def _waiting(queue: str, *, cap: int) -> list[_Waiting]:
-    """The queue's jobs with shards waiting that a tick sending at most `cap` shards may choose: each
-    tenant's first `cap` of them in the order `share_out` takes a tenant's jobs (priority, then age), with
-    how many shards each has waiting (at most `cap`) and the longest estimate of those first `cap`.
-
-    Read in one statement, a look at the unsettled shards' index a job and `cap` rows of it for the jobs
-    kept: an aggregate over every waiting shard grew with the backlog (a tenth of a second a tick with a
-    hundred thousand shards waiting), and deciding between every waiting job of every tenant, where a
-    tick fills one place, cost as much again."""
-    readings = queue_readings(queue)
-    if connection.vendor != "postgresql" or not readings:
-        pending = (
-            queue_shards(queue)
-            .filter(status=ShardStatus.PENDING)
-            .values("job_id")
-            .annotate(n=Count("id"), longest=Max("estimated_seconds"))
-        )
-        figures = {str(row["job_id"]): (row["n"], row["longest"]) for row in pending}
-        jobs = Job.objects.filter(pk__in=list(figures)).values_list(*_WAITING_FIELDS)
-        rows = [(*job, *figures[str(job[0])]) for job in jobs]
-    else:
-        served = " OR ".join(
-            f"(g.name = %(class{n})s AND m.gpus_per_replica = %(gpus{n})s)" for n in range(len(readings))
-        )
-        params: dict[str, Any] = {"statuses": list(SCHEDULABLE), "pending": ShardStatus.PENDING, "cap": cap}
-        for n, (gpu_class, gpus) in enumerate(readings):
-            params |= {f"class{n}": gpu_class, f"gpus{n}": gpus}
-        with connection.cursor() as cursor:
-            cursor.execute(_WAITING_SQL.format(served=served), params)
-            rows = cursor.fetchall()
-    return [
-        _Waiting(
-            id=str(pk),
-            tenant_id=tenant,
-            weight=weight,
-            priority=priority_for(job_priority, tenant_priority),
-            created_at=created,
-            gpu_class_id=gpu_class,
-            gpus_per_replica=gpus,
-            pending=min(n, cap),
-            longest=longest,
-        )
-        for pk, tenant, weight, job_priority, tenant_priority, created, gpu_class, gpus, n, longest in rows
-    ]
-
-
 def _nothing_to_send() -> bool:
     """No shard of any schedulable job waits or runs, so a tick would neither send nor copy one: the
     tick after the last shard of a small job settled. Read without the queue's lock; whoever makes a
@@ -418,25 +310,7 @@ def _send_copies(copies: list[tuple[Job, Shard]]) -> None:
         shards_send(job, [shard], copies=True)
 
 
-@dataclass(frozen=True)
-class _Waiting:
-    """What a tick decides from of one job with shards waiting: read as plain values, not as a Job with its
-    model and tenant, which cost most of a tick where hundreds of jobs wait."""
-
-    id: str
-    tenant_id: int
-    weight: float
-    priority: int
-    created_at: dt.datetime
-    gpu_class_id: int
-    gpus_per_replica: int
-    pending: int
-    """Its shards waiting, or as many as the tick may send, if fewer."""
-    longest: float | None
-    """The longest estimate of those shards; None where none has one."""
-
-
-def _tenant_queues(jobs: list[_Waiting], gpu_class_id: int) -> tuple[list[TenantQueue], dict[str, Shard]]:
+def _tenant_queues(jobs: list[Waiting], gpu_class_id: int) -> tuple[list[TenantQueue], dict[str, Shard]]:
     """The waiting jobs by tenant, for `share_out`; and the first waiting shard of each job whose shards
     have no estimate, read for its cost, which a tick that sends it one shard sends without reading again.
 
