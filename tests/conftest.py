@@ -19,6 +19,17 @@ from tests.support.workers import WorkerProcess, database_url, start_worker, wai
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that share the session's pipeline workers run last, whole and in their order.
+
+    Those workers consume the real control queue on the test database: started early, they would
+    also take the merges and ticks that other tests' code sends while running in-process, and write
+    to the database while those tests' teardown truncates it (a deadlock, and a test that fails
+    after it on rows left behind)."""
+    shared = {item.module for item in items if "pipeline_workers" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.module in shared)
+
+
 @pytest.fixture
 def acme(db: None) -> Any:
     """A tenant with the default quota."""
