@@ -331,7 +331,8 @@ BATCHERY_GUIDED_SHARDS_PER_SLOT = env_int(
     "BATCHERY_GUIDED_SHARDS_PER_SLOT",
     2,
     minimum=0,
-    doc="A job of known size ends each shard at its work left over this many shards a slot; 0 turns the shrinking off.",
+    doc="A job of known size ends each shard at its work left over this many shards a spare slot (none with one "
+    "spare slot or none, as on a busy fleet); 0 turns the shrinking off.",
 )
 # A job's first shard is cut at this many estimated seconds, each next one at twice the last up to
 # the target: its first results come within a second whatever its size (0: every shard at the target).

@@ -57,7 +57,10 @@ class ShardCut:
     job nears its end, so its slots end together: a slot slower by a tenth, or an estimate off by as
     much, leaves the others idle for a fraction of the last, shortest shards, not of an average one.
     The work left comes from the records counted at submission, or for an input too large to count
-    there, from the bytes of it not yet read (`ShardCutter`). 0: no shrinking."""
+    there, from the bytes of it not yet read (`ShardCutter`). 0: no shrinking. A job with no slot to
+    spread over (`slots` 1: a busy fleet, or a one-slot one) is not shrunk: its shards start one by one
+    as places free, so there are no slots to make end together, and at 1,000 busy slots the halving
+    tail (20 s, 10 s, 5 s, ... down to `min_seconds`) gave every small job five more shards."""
     total_records: int = 0
     """The job's records (0: not counted at submission), its estimated seconds, its input's bytes, the
     slots it may spread over (`spare_slots`) and the least seconds a shard is cut at, for the guided
@@ -88,12 +91,13 @@ class ShardCut:
     def target_of(self, shard_number: int, *, records_before: int = 0, left_seconds: float | None = None) -> float:
         """The estimated seconds at which the job's `shard_number`-th shard (from 0), starting after
         `records_before` records, ends: the target, the slow start's (for the first `slots` shards), and
-        near the end of the job its work left over `guided_spread` shards a slot, whichever is least.
-        The work left is `left_seconds` where given, else what the records counted at submission leave."""
+        near the end of the job (where it has `slots` to spread over) its work left over `guided_spread`
+        shards a slot, whichever is least. The work left is `left_seconds` where given, else what the
+        records counted at submission leave."""
         target = self.target_seconds
         if self.first_seconds is not None and shard_number < min(self.slots, 64):
             target = min(target, self.first_seconds * 2**shard_number)
-        if self.guided_spread:
+        if self.guided_spread and self.slots > 1:
             if left_seconds is None and self.total_records:
                 left_seconds = max(self.total_records - records_before, 0) / self.total_records * self.whole_seconds
             if left_seconds is not None:

@@ -114,14 +114,10 @@ def test_a_dry_run_reports_tokens_over_length_lines_shards_eta_and_quota_and_sto
     assert report.input_tokens == 27 * 5 + 3 * 22
     assert report.over_length is not None
     assert (report.over_length.max_tokens, report.over_length.count, report.over_length.lines) == (16, 3, LONG_LINES)
-    # 30 records at the default 0.05 s: 1.5 s. The backlog holds both slots, so it spreads over one spare
-    # slot (two shards a slot, down to the 0.5 s minimum), not both: 0.75 s, 0.5 s, the 0.25 s left.
-    assert report.shards.count == 3
-    assert [(shard.records, shard.seconds) for shard in report.shards.listed] == [
-        (15, pytest.approx(0.75)),
-        (10, pytest.approx(0.5)),
-        (5, pytest.approx(0.25)),
-    ]
+    # 30 records at the default 0.05 s: 1.5 s. The backlog holds both slots: with no slot to spread over,
+    # the job is one shard at the target, not shrinking ones (0.75 s, 0.5 s, 0.25 s on one spare slot).
+    assert report.shards.count == 1
+    assert [(shard.records, shard.seconds) for shard in report.shards.listed] == [(30, pytest.approx(1.5))]
     assert report.estimated_seconds == pytest.approx(1.5)
     assert report.estimated_gpu_seconds == pytest.approx(3.0), "two GPUs a replica"
     assert report.observed is False
