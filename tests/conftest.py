@@ -26,8 +26,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     also take the merges and ticks that other tests' code sends while running in-process, and write
     to the database while those tests' teardown truncates it (a deadlock, and a test that fails
     after it on rows left behind)."""
-    shared = {item.module for item in items if "pipeline_workers" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.module in shared)
+    shared = {
+        getattr(item, "module", None) for item in items if "pipeline_workers" in getattr(item, "fixturenames", ())
+    }
+    items.sort(key=lambda item: getattr(item, "module", None) in shared)
 
 
 @pytest.fixture

@@ -59,8 +59,8 @@ class ShardCut:
     The work left comes from the records counted at submission, or for an input too large to count
     there, from the bytes of it not yet read (`ShardCutter`). 0: no shrinking. A job with no slot to
     spread over (`slots` 1: a busy fleet, or a one-slot one) is not shrunk: its shards start one by one
-    as places free, so there are no slots to make end together, and at 1,000 busy slots the halving
-    tail (20 s, 10 s, 5 s, ... down to `min_seconds`) gave every small job five more shards."""
+    as places free, so there are no slots to make end together, and the halving tail (20 s, 10 s,
+    5 s, ... down to `min_seconds`) would only add endings."""
     total_records: int = 0
     """The job's records (0: not counted at submission), its estimated seconds, its input's bytes, the
     slots it may spread over (`spare_slots`) and the least seconds a shard is cut at, for the guided
