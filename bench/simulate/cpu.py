@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import psutil
 
+from bench.py_spy import cpu_seconds_of
+
 
 def cpu_spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
     """CPU seconds between two readings, by name: a process that started meanwhile counts from 0."""
@@ -23,17 +25,9 @@ def machine_busy() -> float:
     return times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
 
 
-def process_cpu(process: psutil.Process) -> float:
-    try:
-        times = process.cpu_times()
-    except psutil.Error:
-        return 0.0
-    return times.user + times.system
-
-
 def tree_cpu(pid: int) -> dict[int, float]:
     try:
         root = psutil.Process(pid)
-        return {process.pid: process_cpu(process) for process in [root, *root.children(recursive=True)]}
+        return {process.pid: cpu_seconds_of(process) for process in [root, *root.children(recursive=True)]}
     except psutil.Error:
         return {}

@@ -28,8 +28,9 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count
 
+from bench.py_spy import cpu_seconds_of
 from bench.simulate import report
-from bench.simulate.cpu import MACHINE, cpu_spent, machine_busy, process_cpu, tree_cpu
+from bench.simulate.cpu import MACHINE, cpu_spent, machine_busy, tree_cpu
 from bench.simulate.gpu_model import GPU_CLASSES
 from bench.simulate.workload import (
     TENANT_PREFIX,
@@ -101,8 +102,9 @@ class Processes:
         for name, process in self.started.items():
             figures[name] = tree_cpu(process.pid)
         for label, names in (("postgres", {"postgres"}), ("redis", {"redis-server"})):
-            figures[label] = {p.pid: process_cpu(p) for p in psutil.process_iter(["name"]) if p.info["name"] in names}
-        figures["driver"] = {os.getpid(): process_cpu(psutil.Process())}
+            listed = psutil.process_iter(["name"])
+            figures[label] = {p.pid: cpu_seconds_of(p) for p in listed if p.info["name"] in names}
+        figures["driver"] = {os.getpid(): cpu_seconds_of(psutil.Process())}
         figures[MACHINE] = {0: machine_busy()}
         return figures
 
