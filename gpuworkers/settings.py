@@ -29,6 +29,12 @@ DEVICE = str_var(
 TORCH_THREADS = int_var(
     "BATCHERY_TORCH_THREADS", 0, minimum=0, doc="Torch intra-op threads a worker process; 0 leaves torch's default."
 )
+MAX_LORAS = int_var(
+    "BATCHERY_MAX_LORAS",
+    8,
+    minimum=1,
+    doc="LoRA adapters a slot keeps loaded beside its base model; past it the least recently used is dropped.",
+)
 MICRO_BATCH_SIZE = int_var(
     "BATCHERY_MICRO_BATCH_SIZE", 256, minimum=1, doc="Records a micro-batch handed to an engine."
 )

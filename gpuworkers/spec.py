@@ -40,3 +40,29 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A LoRA adapter of a base model, as a worker loads it beside that model (PEFT layout, safetensors)."""
+
+    name: str
+    """Catalog name, as a job or a record names it in place of the base model."""
+    version: str
+    source: str
+    """Where the adapter's files are (``adapter_config.json``, ``adapter_model.safetensors``): a local path,
+    ``file:///path`` or ``s3://bucket/prefix/``, fetched like a base model's weights."""
+    rank: int
+    """The LoRA rank (``r``), which an engine sizes its adapter slots by (vLLM's ``max_lora_rank``)."""
+
+    @property
+    def key(self) -> str:
+        """Names the adapter within one loaded base model: ``name@version``."""
+        return f"{self.name}@{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdapterSpec:
+        return cls(**data)

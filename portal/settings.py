@@ -299,6 +299,20 @@ BATCHERY_DRY_RUN_MAX_SECONDS = env_float(
 BATCHERY_MAX_REPORTED_PROBLEMS = env_int(
     "BATCHERY_MAX_REPORTED_PROBLEMS", 20, minimum=1, doc="Bad lines named in one refusal."
 )
+# LoRA adapters a tenant registers: checked before anything is stored (safetensors only, shapes matching
+# the base model), and bounded so that one tenant cannot fill the storage or a slot's memory with them.
+BATCHERY_MAX_ADAPTER_BYTES = env_int(
+    "BATCHERY_MAX_ADAPTER_BYTES",
+    512 * 1024 * 1024,
+    minimum=1,
+    doc="The largest LoRA adapter (its weights file) a tenant may register.",
+)
+BATCHERY_MAX_LORA_RANK = env_int(
+    "BATCHERY_MAX_LORA_RANK", 256, minimum=1, doc="The highest LoRA rank (r) an adapter may have."
+)
+BATCHERY_MAX_ADAPTERS_PER_JOB = env_int(
+    "BATCHERY_MAX_ADAPTERS_PER_JOB", 64, minimum=1, doc="Distinct adapters the lines of one job may name."
+)
 # `/v1/batches` input files up to this size are validated within the create request; larger ones by a
 # control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.
 BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int(

@@ -13,6 +13,11 @@ from typing import Any, Protocol
 
 from gpuworkers.spec import ModelSpec
 
+ADAPTER_PARAM = "adapter"
+"""The run-time param that carries a record's LoRA adapter to the engine: the adapter's spec
+(`gpuworkers.spec.AdapterSpec.to_dict`), or None for the base model alone. Only the slot sets it, from the
+adapters its shard's message names; engines that serve adapters load each on first use and keep it."""
+
 
 class EngineLoadError(Exception):
     """The model cannot be loaded (missing weights, bad config): permanent, retrying will not help."""

@@ -11,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import SAMPLING_FIELDS, ParamError, sampling_kwargs
 from gpuworkers.engines.tools import reply_format, tool_calls
 from gpuworkers.engines.transformers import GenerationParams
+
+ADAPTER_NOT_A_PARAM = (
+    f"{ADAPTER_PARAM} is not a request parameter: name a LoRA adapter where the model is named (the job's model, "
+    "a record's model field, an OpenAI request's body.model)"
+)
 
 PLATFORM_FIELDS = frozenset({"micro_batch_size", "time_limit_base_s", "time_limit_per_record_s"})
 """Params the platform reads when it sends and runs shards; taken by every engine."""
@@ -41,8 +47,12 @@ def check_request_params(engine: str, task: str, params: Mapping[str, Any], *, t
     """
     known = _FIELDS.get((engine, task))
     if known is None:
+        if ADAPTER_PARAM in params:
+            raise ParamError(ADAPTER_PARAM, ADAPTER_NOT_A_PARAM)
         return
     given = {name: value for name, value in params.items() if value is not None}
+    if ADAPTER_PARAM in params:
+        raise ParamError(ADAPTER_PARAM, ADAPTER_NOT_A_PARAM)
     tool_field = next((name for name in ("tools", "tool_choice") if name in given), None)
     if tool_field is not None and tool_field not in known and engine != "vllm":
         raise ParamError(

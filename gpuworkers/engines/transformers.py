@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError
+from gpuworkers.engines.lora import LoraAdapters
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import ParamError, check_bound, is_int, structured_output
-from gpuworkers.engines.torch_memory import TorchModelHolder
+from gpuworkers.engines.torch_memory import TorchModelHolder, module_bytes
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
 from gpuworkers.spec import ModelSpec
 from tasks.shared.config import MAX_OUTPUT_TOKENS
@@ -135,7 +136,8 @@ class TransformersEngine(TorchModelHolder):
     which needs a tokenizer with a chat template). Params, the same for both tasks: ``max_tokens``
     (16; ``max_completion_tokens`` wins), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop``
     (a string or a list of them), ``batch_size`` (prompts per generate call, 32); see `GenerationParams`
-    for what is refused. Load params: ``dtype`` (``float32``,
+    for what is refused. A record's LoRA adapter (`ADAPTER_PARAM`, set by the slot) runs through
+    `LoraAdapters`: loaded beside the base model on first use, switched per call. Load params: ``dtype`` (``float32``,
     ``float16``, ``bfloat16``); by default float16 on CUDA and float32 on CPU, where half precision is
     slow.
     """
@@ -145,6 +147,7 @@ class TransformersEngine(TorchModelHolder):
         # Any: transformers' annotations of a causal LM (`to`, `generate`) do not type-check as used.
         self._model: Any = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._adapters: LoraAdapters | None = None
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -169,6 +172,7 @@ class TransformersEngine(TorchModelHolder):
                 f"the tokenizer of {self.spec.name!r} has no chat template, which task 'chat' needs to render messages"
             )
         model.eval()
+        self._adapters = LoraAdapters(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             if tokenizer.eos_token is None:
@@ -179,7 +183,7 @@ class TransformersEngine(TorchModelHolder):
         self._model, self._tokenizer = model, tokenizer
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        model, tokenizer = self._loaded()
+        _, tokenizer = self._loaded()
         generation = GenerationParams.from_mapping(params)
         items = list(inputs)
         if not items:
@@ -198,14 +202,23 @@ class TransformersEngine(TorchModelHolder):
         responses: list[dict[str, Any]] = [{} for _ in items]
         # Longest first, so that an out-of-memory error, if one comes, comes on the first sub-batch.
         order = sorted(range(len(items)), key=lambda i: len(token_ids[i]), reverse=True)
-        for start in range(0, len(order), step):
-            indices = order[start : start + step]
-            if seeded:
-                torch.manual_seed(generation.seed)
-            batch_responses = self._generate(model, tokenizer, [token_ids[i] for i in indices], generation)
-            for index, response in zip(indices, batch_responses, strict=True):
-                responses[index] = response
+        assert self._adapters is not None  # set by load, with the model
+        with self._adapters.active(params.get(ADAPTER_PARAM)) as adapted:
+            for start in range(0, len(order), step):
+                indices = order[start : start + step]
+                if seeded:
+                    torch.manual_seed(generation.seed)
+                batch_responses = self._generate(adapted, tokenizer, [token_ids[i] for i in indices], generation)
+                for index, response in zip(indices, batch_responses, strict=True):
+                    responses[index] = response
         return responses
+
+    def memory_bytes(self) -> int:
+        return 0 if self._adapters is None else module_bytes(self._adapters.model)
+
+    def unload(self) -> None:
+        self._adapters = None
+        super().unload()
 
     def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
         """For each prompt, why it and ``max_tokens`` overflow the model's context, or None where they fit."""

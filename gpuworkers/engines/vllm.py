@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuworkers import settings
-from gpuworkers.engines.base import EngineLoadError, over_limit, require_embedding_inputs
+from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, require_embedding_inputs
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
@@ -39,7 +39,7 @@ from gpuworkers.engines.vllm_tools import (
 )
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
-from gpuworkers.spec import ModelSpec
+from gpuworkers.spec import AdapterSpec, ModelSpec
 from gpuworkers.vllm_metrics import publish_vllm_metrics
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ DEFAULT_MAX_TOKENS = 16
 """``SamplingParams``' own ``max_tokens`` (and OpenAI's completions default), used when a request gives none."""
 
 
+DEFAULT_MAX_LORA_RANK = 64
+"""vLLM's ``max_lora_rank`` for a model whose catalog entry enables LoRA without saying: it sizes the
+adapter slots vLLM reserves, so an adapter of a higher rank needs the load param raised."""
+
+
 class VllmEngine:
     """Runs a vLLM model; load once per worker process, then call `run_batch` per micro-batch.
 
@@ -68,6 +73,8 @@ class VllmEngine:
     model's), ``gpu_memory_utilization`` (0.9), ``tool_call_parser`` (the name of vLLM's tool parser for the
     model's family, for ``tool_choice`` ``auto``; none by default), and any other keyword argument of
     ``vllm.LLM`` (``enforce_eager``, ``quantization``, ``trust_remote_code``...), passed through as given.
+    With ``enable_lora``, a record's adapter (`ADAPTER_PARAM`) goes to vLLM as a ``LoRARequest`` beside its
+    prompt (``max_loras`` defaults to ``BATCHERY_MAX_LORAS``, ``max_lora_rank`` to `DEFAULT_MAX_LORA_RANK`).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -78,6 +85,8 @@ class VllmEngine:
         self._tool_parser: Any = None
         self._tool_parser_name: str | None = None
         self._memory_bytes = 0
+        self._lora_ids: dict[str, int] = {}
+        """Each adapter's id for vLLM (``lora_int_id``), by key: stable for the process, as vLLM caches by it."""
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -154,10 +163,12 @@ class VllmEngine:
             )
             for own_kwargs, own, call, request in zip(kwargs, params, calls, requests, strict=True)
         ]
+        loras = [self._lora_request(own.get(ADAPTER_PARAM)) for own in params]
+        lora = {"lora_request": loras} if any(request is not None for request in loras) else {}
         if self.spec.task == "generate":
-            outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False)
+            outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False, **lora)
         else:
-            outputs = _chat(llm, conversations, sampling_params, calls)
+            outputs = _chat(llm, conversations, sampling_params, calls, loras if lora else None)
         responses = [
             self._with_tool_calls(completion_response(output, top_logprobs=own_kwargs.get("logprobs")), call, request)
             for output, own_kwargs, call, request in zip(outputs, kwargs, calls, requests, strict=True)
@@ -199,6 +210,22 @@ class VllmEngine:
             for count in counts
         ]
 
+    def _lora_request(self, adapter: Mapping[str, Any] | None) -> Any:
+        """vLLM's request for a record's adapter (loaded by vLLM on first use, kept up to ``max_loras``); None
+        for the base model."""
+        if adapter is None:
+            return None
+        if not self.spec.load_params.get("enable_lora"):
+            raise EngineLoadError(
+                f"model {self.spec.name!r} does not serve LoRA adapters: its catalog entry sets no load param "
+                "enable_lora"
+            )
+        spec = AdapterSpec.from_dict(dict(adapter))
+        lora_id = self._lora_ids.setdefault(spec.key, len(self._lora_ids) + 1)
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(spec.key, lora_id, str(resolve_model_source(spec.source)))
+
     def _sampling_params(self, kwargs: dict[str, Any], structured: dict[str, Any] | None) -> Any:
         if structured is None:
             return self._vllm.SamplingParams(**kwargs)
@@ -239,16 +266,25 @@ class VllmEngine:
         return self._llm
 
 
-def _chat(llm: Any, conversations: list[Any], sampling_params: list[Any], calls: list[ToolCalls | None]) -> list[Any]:
+def _chat(
+    llm: Any,
+    conversations: list[Any],
+    sampling_params: list[Any],
+    calls: list[ToolCalls | None],
+    loras: list[Any] | None = None,
+) -> list[Any]:
     """``llm.chat`` over the micro-batch: one call, or one per distinct list of tools, since the chat
-    template renders one list for all the conversations of a call."""
+    template renders one list for all the conversations of a call; ``loras``, when given, each
+    conversation's adapter request."""
     groups: dict[str, list[int]] = {}
     for index, call in enumerate(calls):
         groups.setdefault(tools_key(call.tools if call else None), []).append(index)
     outputs: list[Any] = [None] * len(conversations)
     for indices in groups.values():
         call = calls[indices[0]]
-        extra = {"tools": list(call.tools)} if call is not None else {}
+        extra: dict[str, Any] = {"tools": list(call.tools)} if call is not None else {}
+        if loras is not None:
+            extra["lora_request"] = [loras[index] for index in indices]
         answered = llm.chat(
             [conversations[index] for index in indices],
             sampling_params=[sampling_params[index] for index in indices],
@@ -325,6 +361,9 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
         raise EngineLoadError(f"dtype must be a string such as 'auto' or 'bfloat16', not {dtype!r}")
     # vLLM keeps its statistics only when asked; the slot re-exports them on the host's /metrics.
     kwargs.setdefault("disable_log_stats", False)
+    if kwargs.get("enable_lora"):
+        kwargs.setdefault("max_loras", settings.MAX_LORAS.read())
+        kwargs.setdefault("max_lora_rank", DEFAULT_MAX_LORA_RANK)
     return kwargs
 
 

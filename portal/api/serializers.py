@@ -9,10 +9,10 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.catalog.models import Model
+from portal.catalog.models import Adapter, Model
 from portal.execution.decayed_usage import usage_by_class
 from portal.jobs.input_display import tenant_input_uri, tenant_job_error
-from portal.jobs.models import Job, JobUsage
+from portal.jobs.models import Job, JobAdapterUsage, JobUsage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.submit import (
@@ -26,6 +26,10 @@ from portal.tenancy.models import ApiKey, Invitation, Membership, Tenant
 from portal.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tasks.shared.formats.inputs import FORMATS
 from tasks.shared.formats.records import input_field_for
+
+
+def _adapter_key(entry: dict[str, Any]) -> str:
+    return f"{entry['spec']['name']}@{entry['spec']['version']}"
 
 
 class ProgressSerializer(serializers.Serializer):
@@ -53,6 +57,12 @@ class JobSerializer(serializers.ModelSerializer):
     progress = serializers.SerializerMethodField()
     output_url = serializers.SerializerMethodField()
     errors_url = serializers.SerializerMethodField()
+    adapter = serializers.SerializerMethodField(
+        help_text="The LoRA adapter (name@version) the job names in place of its model (`model` is its base model)."
+    )
+    adapters = serializers.SerializerMethodField(
+        help_text="Every LoRA adapter (name@version) the job or its records name, as far as planning has read."
+    )
 
     class Meta:
         model = Job
@@ -62,6 +72,8 @@ class JobSerializer(serializers.ModelSerializer):
             "error",
             "model",
             "model_version",
+            "adapter",
+            "adapters",
             "input_uri",
             "input_bytes",
             "params",
@@ -104,6 +116,8 @@ class JobSerializer(serializers.ModelSerializer):
             "error": tenant_job_error(job),
             "model": job.model.name,
             "model_version": job.model.version,
+            "adapter": self.get_adapter(job),
+            "adapters": self.get_adapters(job),
             "input_uri": tenant_input_uri(job),
             "input_bytes": job.input_bytes,
             "params": job.params,
@@ -126,6 +140,13 @@ class JobSerializer(serializers.ModelSerializer):
             "started_at": None if job.started_at is None else when(job.started_at),
             "finished_at": None if job.finished_at is None else when(job.finished_at),
         }
+
+    def get_adapter(self, job: Job) -> str | None:
+        entry = job.adapters.get(job.adapter_name) if job.adapter_name else None
+        return None if entry is None else _adapter_key(entry)
+
+    def get_adapters(self, job: Job) -> list[str]:
+        return sorted(_adapter_key(entry) for entry in job.adapters.values())
 
     def get_input_uri(self, job: Job) -> str:
         return tenant_input_uri(job)
@@ -295,6 +316,10 @@ class DryRunReportSerializer(serializers.Serializer):
 
     accepted = serializers.BooleanField(help_text="Whether the job would be accepted now.")
     model = serializers.CharField(help_text="name@version.")
+    adapters = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="LoRA adapters (name@version) the job would run: the one it names and those its records read name.",
+    )
     input_bytes = serializers.IntegerField()
     unit = serializers.CharField(help_text='What records are numbered by: "line", or "row" for Parquet.')
     sampled = serializers.BooleanField(
@@ -356,9 +381,43 @@ class CatalogModelSerializer(serializers.ModelSerializer):
         return input_field_for(model.task)
 
 
+class AdapterSerializer(serializers.ModelSerializer):
+    base_model = serializers.CharField(source="base_model.name", read_only=True)
+    shared = serializers.SerializerMethodField(help_text="True for an adapter the operators share with every tenant.")
+
+    class Meta:
+        model = Adapter
+        fields = ["id", "name", "version", "description", "base_model", "rank", "size_bytes", "shared", "created_at"]
+        read_only_fields = fields
+
+    def get_shared(self, adapter: Adapter) -> bool:
+        return adapter.owner_id is None
+
+
+class AdapterCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, help_text="How jobs and records name it, in place of a model.")
+    base_model = serializers.CharField(max_length=200, help_text="The catalog model it adapts.")
+    version = serializers.CharField(max_length=50, default="1")
+    description = serializers.CharField(max_length=2000, default="", allow_blank=True)
+    adapter_config = serializers.FileField(help_text="PEFT's adapter_config.json (a LoRA config).")
+    adapter_model = serializers.FileField(help_text="PEFT's adapter_model.safetensors; no other weights format.")
+
+
+class JobAdapterUsageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobAdapterUsage
+        fields = ["name", "records_succeeded", "records_failed", "prompt_tokens", "completion_tokens"]
+        read_only_fields = fields
+
+
 class JobUsageSerializer(serializers.ModelSerializer):
     job = serializers.UUIDField(source="job_id", read_only=True)
     model = serializers.CharField(source="model.name", read_only=True)
+    adapters = JobAdapterUsageSerializer(
+        many=True,
+        read_only=True,
+        help_text="For a job that named LoRA adapters: its usage per adapter (name@version), and its base model's.",
+    )
 
     class Meta:
         model = JobUsage
@@ -373,6 +432,7 @@ class JobUsageSerializer(serializers.ModelSerializer):
             "completion_tokens",
             "gpu_seconds",
             "recorded_at",
+            "adapters",
         ]
         read_only_fields = fields
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
+from portal.api.views.adapters import AdapterViewSet
 from portal.api.views.catalog import CatalogModelViewSet
 from portal.api.views.jobs import JobViewSet
 from portal.api.views.members import ApiKeyViewSet, InvitationViewSet, MembershipViewSet
@@ -15,6 +16,7 @@ router = DefaultRouter()
 router.include_root_view = False
 router.register("jobs", JobViewSet, basename="job")
 router.register("models", CatalogModelViewSet, basename="model")
+router.register("adapters", AdapterViewSet, basename="adapter")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("api-keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="member")

@@ -1,4 +1,4 @@
-"""The catalog in the admin: GPU classes and models; model changes are audited and published."""
+"""The catalog in the admin: GPU classes, models and LoRA adapters; changes are audited (models' published too)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from portal.audit.admin import admin_actor
-from portal.catalog.models import GpuClass, Model, ModelThroughput
-from portal.catalog.services import model_save, models_delete
+from portal.catalog.models import Adapter, GpuClass, Model, ModelThroughput
+from portal.catalog.services import adapter_save, model_save, models_delete
 
 
 @admin.register(GpuClass)
@@ -76,3 +76,17 @@ class ModelAdmin(admin.ModelAdmin):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:
         models_delete(models=queryset.select_related("gpu_class"), actor=admin_actor(request))
+
+
+@admin.register(Adapter)
+class AdapterAdmin(admin.ModelAdmin):
+    """Operators share adapters (no owner) by their source; tenants' own come through the API's checked upload."""
+
+    list_display = ["name", "version", "base_model", "owner", "rank", "size_bytes", "enabled", "created_at"]
+    list_filter = ["enabled", "base_model"]
+    list_select_related = ["base_model", "owner"]
+    search_fields = ["name", "description", "source", "owner__name"]
+    autocomplete_fields = ["owner"]
+
+    def save_model(self, request: HttpRequest, obj: Adapter, form: ModelForm, change: bool) -> None:
+        adapter_save(adapter=obj, actor=admin_actor(request))

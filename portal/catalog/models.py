@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from gpuworkers.spec import ModelSpec
+from gpuworkers.spec import AdapterSpec, ModelSpec
 
 
 def validate_matryoshka_dimensions(value: Any) -> None:
@@ -169,3 +169,57 @@ class ModelThroughput(models.Model):
         if self.sum_ct * per_char_only >= self.sum_rt * per_record_only:
             return 0.0, per_char_only
         return per_record_only, 0.0
+
+
+class Adapter(models.Model):
+    """A LoRA adapter of a base model: a catalog entry of its own, run on slots that keep the base model warm.
+
+    An adapter owned by a tenant is that tenant's alone; one without an owner is shared by the operators
+    with every tenant allowed its base model. A job or a record names an adapter where it would name a
+    model; the newest enabled version of that name runs, the tenant's own before a shared one.
+    """
+
+    ENGINES = (Model.Engine.TRANSFORMERS, Model.Engine.VLLM)
+    """The engines that serve adapters on their base model."""
+    TASKS = (Model.Task.GENERATE, Model.Task.CHAT)
+
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=50, default="1")
+    description = models.TextField(blank=True)
+    base_model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="adapters")
+    owner = models.ForeignKey(
+        "tenancy.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="adapters",
+        help_text="The tenant whose adapter this is; empty: shared by the operators.",
+    )
+    source = models.CharField(
+        max_length=500,
+        help_text="Directory of adapter_config.json and adapter_model.safetensors: a local path, file:///path or "
+        "s3://bucket/prefix/.",
+    )
+    rank = models.PositiveSmallIntegerField(help_text="The LoRA rank (r).")
+    size_bytes = models.PositiveBigIntegerField(default=0, help_text="Bytes of the adapter's weights.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "name", "version"],
+                condition=models.Q(owner__isnull=False),
+                name="unique_adapter_version_per_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["name", "version"], condition=models.Q(owner__isnull=True), name="unique_shared_adapter_version"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def to_spec(self) -> AdapterSpec:
+        return AdapterSpec(name=self.name, version=self.version, source=self.source, rank=self.rank)

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from django.contrib.auth.models import User
 
 from portal.audit.services import audited_delete, audited_save
-from portal.catalog.models import Model
+from portal.catalog.models import Adapter, Model
 from tasks.shared.catalog import write_catalog
 
 MODEL_CHANGED = "model.changed"
+ADAPTER_CHANGED = "adapter.changed"
 
 
 def catalog_publish() -> bool:
@@ -29,3 +30,8 @@ def models_delete(*, models: Iterable[Model], actor: User | None) -> None:
     """Delete catalog entries by hand (the admin), each recorded, and publish the catalog."""
     audited_delete(objs=models, actor=actor, action=MODEL_CHANGED)
     catalog_publish()
+
+
+def adapter_save(*, adapter: Adapter, actor: User | None) -> None:
+    """Save an adapter edited by hand (the admin: shared adapters, enabling and disabling), recording the change."""
+    audited_save(obj=adapter, actor=actor, action=ADAPTER_CHANGED)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
 
+from gpuworkers.spec import AdapterSpec
 from portal.jobs.models import Job, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root, pause_marker_uri
 from tasks import send
@@ -36,6 +37,8 @@ def shard_spec(job: Job, shard: Shard) -> ShardSpec:
         hold_uri=pause_marker_uri(job_root(job)),
         # A retry round's Parquet output is converted from the stitched JSONL, so its pieces would go unread.
         output_format=job.output_format if shard.round == 0 else "jsonl",
+        adapters={name: AdapterSpec.from_dict(entry["spec"]) for name, entry in job.adapters.items()},
+        adapter=job.adapter_name,
     )
 
 

@@ -48,6 +48,7 @@ from portal.execution.dispatch import job_queue, shards_revoke
 from portal.execution.endings import merge_when_settled
 from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import ShardCut, ShardCutter
+from portal.jobs.adapters import JobAdapters
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
 from portal.jobs.storage_layout import job_root, shard_input_uri, shard_prefix
@@ -55,7 +56,7 @@ from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, find_duplicate_records, iter_records
-from tasks.shared.formats.jsonl import JsonlCheck, colliding_id_hashes
+from tasks.shared.formats.jsonl import JsonlCheck, RecordProblem, colliding_id_hashes
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
 from tasks.shared.stops import request_stop
@@ -197,11 +198,12 @@ def job_records(
     max_problems: int,
     position: InputPosition | None = None,
     limits: DecompressionLimits | None = None,
+    record_problem: RecordProblem | None = None,
 ) -> Iterator[Record]:
-    """The job's valid input records in order, each problem counted into `check`; once the last is
-    read, the second pass that names duplicate ids runs where two ids may collide. `position` follows
-    the first pass. A compressed input is bounded by `limits`, by default the tenant's (`input_limits`):
-    `DecompressionLimitExceeded` past them."""
+    """The job's valid input records in order, each problem counted into `check` (those `record_problem`
+    finds too); once the last is read, the second pass that names duplicate ids runs where two ids may
+    collide. `position` follows the first pass. A compressed input is bounded by `limits`, by default the
+    tenant's (`input_limits`): `DecompressionLimitExceeded` past them."""
     options = job_input_options(job)
     limits = limits or input_limits(job.tenant_id)
 
@@ -217,6 +219,7 @@ def job_records(
         check=check,
         max_problems=max_problems,
         limits=limits,
+        record_problem=record_problem,
     )
     suspects = colliding_id_hashes(check)
     if suspects:
@@ -340,10 +343,19 @@ def _cut_shards(
     )
     writing = True
     room = records_room(job)
+    adapters = JobAdapters(job.tenant, job.model, job.adapters)
     try:
         for record in job_records(
-            job, input_field=input_field, check=check, max_problems=max_problems, position=position
+            job,
+            input_field=input_field,
+            check=check,
+            max_problems=max_problems,
+            position=position,
+            record_problem=adapters.record_problem,
         ):
+            if adapters.added:
+                # Saved before the record's shard gets its row: every shard sent carries the adapters it names.
+                _save_adapters(job, adapters)
             if room is not None:
                 room.check(check.records)
             if check.problem_count:
@@ -372,6 +384,12 @@ def _cut_shards(
     return check
 
 
+def _save_adapters(job: Job, adapters: JobAdapters) -> None:
+    job.adapters = dict(adapters.entries)
+    Job.objects.filter(pk=job.pk).update(adapters=job.adapters)
+    adapters.added = False
+
+
 def job_plan(*, job_id: str, worker: str = "planner") -> None:
     """Plan a queued job. A job found `planning` is planned again, resuming after the shards already
     created: its planner died, unless a live planner still holds the job's plan lease."""
@@ -386,7 +404,7 @@ def job_plan(*, job_id: str, worker: str = "planner") -> None:
 
 
 def _plan(job_id: str, *, resumed: bool) -> None:
-    job = Job.objects.select_related("model__gpu_class").get(pk=job_id)
+    job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     dispatch = StreamingDispatch(job)
     try:

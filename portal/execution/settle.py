@@ -115,6 +115,7 @@ def _success_values(manifest: ShardManifest) -> dict[str, Any]:
         "compute_seconds": manifest.compute_seconds,
         "load_seconds": manifest.load_seconds,
         "error_codes": manifest.error_codes,
+        "adapter_usage": manifest.adapter_usage,
     }
 
 
@@ -155,6 +156,7 @@ def shards_record_success(committed: Sequence[tuple[Shard, ShardManifest]]) -> l
     for shard, manifest in committed:
         values = _success_values(manifest)
         values["error_codes"] = json.dumps(values["error_codes"])
+        values["adapter_usage"] = json.dumps(values["adapter_usage"])
         params += [shard.pk, *values.values()]
     params.append(ShardStatus.SUCCEEDED)
     with connection.cursor() as cursor:

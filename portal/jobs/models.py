@@ -66,6 +66,19 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
     model = models.ForeignKey("catalog.Model", on_delete=models.PROTECT, related_name="jobs")
+    adapter = models.ForeignKey(
+        "catalog.Adapter",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+        help_text="The LoRA adapter the job names in place of its model (its base model), if any.",
+    )
+    adapters = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Every adapter the job or its records name: name -> {id, spec}; what each shard's message carries.",
+    )
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     error = models.TextField(blank=True)
 
@@ -141,6 +154,11 @@ class Job(models.Model):
         return self.status in FINAL_STATUSES
 
     @property
+    def adapter_name(self) -> str:
+        """The name, among `adapters`, of the adapter the job itself names; empty when it runs its model bare."""
+        return next((name for name, entry in self.adapters.items() if entry.get("default")), "")
+
+    @property
     def shard_cut(self) -> str:
         """How the input is cut, for people: "500 records per shard" or "cut by cost"."""
         return f"{self.shard_size:,} records per shard" if self.shard_size else "cut by cost"
@@ -189,6 +207,9 @@ class Shard(models.Model):
     compute_seconds = models.FloatField(null=True, blank=True)
     load_seconds = models.FloatField(null=True, blank=True)
     error_codes = models.JSONField(default=dict, blank=True, help_text="Failed records per error code.")
+    adapter_usage = models.JSONField(
+        default=dict, blank=True, help_text="Records and tokens per adapter name ('' for the base model)."
+    )
     error = models.TextField(blank=True)
 
     class Meta:
@@ -244,3 +265,24 @@ class JobUsage(models.Model):
 
     def __str__(self) -> str:
         return f"usage of {self.job_id}"
+
+
+class JobAdapterUsage(models.Model):
+    """What one adapter (or the base model itself) did within a job's ledger line."""
+
+    usage = models.ForeignKey(JobUsage, on_delete=models.CASCADE, related_name="adapters")
+    adapter = models.ForeignKey(
+        "catalog.Adapter", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage"
+    )
+    name = models.CharField(max_length=260, help_text="The adapter as `name@version`; the base model's name for none.")
+    records_succeeded = models.PositiveBigIntegerField(default=0)
+    records_failed = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["usage", "name"]
+        constraints = [models.UniqueConstraint(fields=["usage", "name"], name="unique_adapter_line_per_usage")]
+
+    def __str__(self) -> str:
+        return f"{self.name} in {self.usage_id}"

@@ -12,7 +12,8 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from portal.jobs.models import Job, JobUsage
+from portal.catalog.models import Adapter
+from portal.jobs.models import Job, JobAdapterUsage, JobUsage
 
 REWRITTEN = [field.name for field in JobUsage._meta.concrete_fields if not field.primary_key]
 """Every field of a ledger line but its job: a retried job's line is rewritten whole."""
@@ -48,4 +49,32 @@ def usage_record(*, job: Job) -> float:
     )
     # One upsert: the ending's transaction holds the job's row, so nobody else writes this line meanwhile.
     JobUsage.objects.bulk_create([usage], update_conflicts=True, unique_fields=["job"], update_fields=REWRITTEN)
+    if job.adapters:
+        _record_adapter_usage(job, usage)
     return usage.gpu_seconds - charged
+
+
+def _record_adapter_usage(job: Job, usage: JobUsage) -> None:
+    """The ledger line's split by adapter, summed over the shards' manifests (the base model under its own name)."""
+    ids = {f"{entry['spec']['name']}@{entry['spec']['version']}": entry["id"] for entry in job.adapters.values()}
+    # An adapter deleted since keeps its ledger lines by name.
+    existing = set(Adapter.objects.filter(pk__in=ids.values()).values_list("pk", flat=True))
+    totals: dict[str, list[int]] = {}
+    for split in job.shards.exclude(adapter_usage={}).values_list("adapter_usage", flat=True):
+        for key, counts in split.items():
+            summed = totals.setdefault(key, [0, 0, 0, 0])
+            for position, count in enumerate(counts):
+                summed[position] += count
+    JobAdapterUsage.objects.filter(usage=usage).delete()
+    JobAdapterUsage.objects.bulk_create(
+        JobAdapterUsage(
+            usage=usage,
+            adapter_id=ids.get(key) if ids.get(key) in existing else None,
+            name=key or job.model.name,
+            records_succeeded=counts[0],
+            records_failed=counts[1],
+            prompt_tokens=counts[2],
+            completion_tokens=counts[3],
+        )
+        for key, counts in sorted(totals.items())
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gpuworkers.spec import ModelSpec
+from gpuworkers.spec import AdapterSpec, ModelSpec
 from tasks.shared.storage import join_uri, store_for
 
 
@@ -40,6 +40,10 @@ class ShardSpec:
     """An object that exists while the job is paused: a shard that finds it on arrival does not start."""
     output_format: str = "jsonl"
     """The job's output format; with "parquet" each attempt also writes its rows as a Parquet piece."""
+    adapters: dict[str, AdapterSpec] = field(default_factory=dict)
+    """The LoRA adapters of ``model`` that the job's records may name (their ``model`` field), by that name."""
+    adapter: str = ""
+    """The adapter, of ``adapters``, that records naming no model run with; empty: the base model."""
 
     @property
     def commit_uri(self) -> str:
@@ -50,7 +54,8 @@ class ShardSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardSpec:
-        return cls(**{**data, "model": ModelSpec.from_dict(data["model"])})
+        adapters = {name: AdapterSpec.from_dict(spec) for name, spec in (data.get("adapters") or {}).items()}
+        return cls(**{**data, "model": ModelSpec.from_dict(data["model"]), "adapters": adapters})
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class ShardManifest:
     """How many times this process has loaded this model, this attempt included."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    adapter_usage: dict[str, list[int]] = field(default_factory=dict)
+    """Per adapter a record ran with (``name@version``; ``""`` for the base model alone), when the shard named
+    any: ``[records succeeded, records failed, prompt tokens, completion tokens]``."""
     error_codes: dict[str, int] = field(default_factory=dict)
     """How many of the failed records got each error code; the control side counts outcomes by code."""
     parquet_uri: str = ""

@@ -28,6 +28,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from gpuworkers import metrics
 from gpuworkers.batching import Item, RecordResult, run_records
 from gpuworkers.cache import process_cache
+from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.embeddings import EmbeddingInputs
 from gpuworkers.settings import device, micro_batch_size
 from tasks.shared.config import SHARD_ATTEMPTS_BEFORE_BISECT, SHARD_MAX_ATTEMPTS
@@ -37,6 +38,7 @@ from tasks.shared.specs import ShardManifest, ShardSkipped, ShardSpec, read_comm
 from tasks.shared.stops import PAUSED, arrival_flags, stop_reason
 from tasks.shared.storage import ObjectStore, join_uri, store_for
 from tasks.slot import state as slot_state
+from tasks.slot.record_adapters import AdapterTally, record_items
 from tasks.slot.shard_bisect import run_checkpointed
 from tasks.slot.shard_piece import ShardPiece
 
@@ -65,12 +67,9 @@ def start_attempt(store: ObjectStore, spec: ShardSpec, attempt_id: str, worker: 
     return number
 
 
-def _read_items(spec: ShardSpec) -> list[Item]:
+def _read_items(spec: ShardSpec) -> tuple[list[Item], dict[str, str]]:
     with store_for(spec.input_uri).open_read(spec.input_uri) as stream:
-        return [
-            Item(record["custom_id"], record[spec.input_field], record.get("params"))
-            for record in map(orjson.loads, stream)
-        ]
+        return record_items(spec, map(orjson.loads, stream))
 
 
 class OutputLine(NamedTuple):
@@ -142,8 +141,9 @@ def _run_attempt(
     lookup = cache.get(spec.model, device=device())
     # Every embedding engine takes lists of texts and `dimensions` the same way, through one wrapper.
     engine = EmbeddingInputs(lookup.engine) if spec.model.task == "embed" else lookup.engine
-    items = _read_items(spec)
-    chunk = int(spec.params.get("micro_batch_size", micro_batch_size()))
+    items, adapter_keys = _read_items(spec)
+    params = {name: value for name, value in spec.params.items() if name != ADAPTER_PARAM}
+    chunk = int(params.get("micro_batch_size", micro_batch_size()))
 
     def stopped() -> bool:
         # Cancelled or expired, or beaten: another attempt of this shard (a speculative copy of a
@@ -177,7 +177,7 @@ def _run_attempt(
             prefix=join_uri(spec.shard_prefix, "bisect"),
             engine=engine,
             items=items,
-            params=dict(spec.params),
+            params=params,
             chunk=chunk,
             attempt_no=attempt_no,
             give_up_in_flight=attempt_no >= SHARD_MAX_ATTEMPTS,
@@ -189,7 +189,7 @@ def _run_attempt(
         results = run_records(
             engine,
             items,
-            params=spec.params,
+            params=params,
             micro_batch_size=chunk,
             on_progress=on_progress,
             should_stop=stopped,
@@ -206,7 +206,10 @@ def _run_attempt(
     errors_uri = f"{attempt_prefix}.errors.jsonl"
     piece = ShardPiece(store, f"{attempt_prefix}.output.parquet", task=spec.model.task)
     wanted = piece if spec.output_format == "parquet" else None
-    counts, error_codes = _write_outputs(store, lines, output_uri=output_uri, errors_uri=errors_uri, piece=wanted)
+    tally = AdapterTally(adapter_keys)
+    counts, error_codes = _write_outputs(
+        store, tally.count(lines), output_uri=output_uri, errors_uri=errors_uri, piece=wanted
+    )
     compute_seconds = time.perf_counter() - compute_started
     _count_work(labels, counts)
     if counts["records"] != spec.record_count:
@@ -248,6 +251,7 @@ def _run_attempt(
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
         error_codes=dict(error_codes),
+        adapter_usage=tally.usage,
     )
     if not store.put_if_absent(spec.commit_uri, orjson.dumps(manifest.to_dict())):
         # Another attempt committed first; ours is an orphan and the committed one stands.

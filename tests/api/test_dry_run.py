@@ -22,6 +22,7 @@ RECORDS = [{"custom_id": f"r{n}", "input": f"sentence number {n}"} for n in rang
 REPORT_FIELDS = {
     "accepted",
     "model",
+    "adapters",
     "input_bytes",
     "unit",
     "sampled",

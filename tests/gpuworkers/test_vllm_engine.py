@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpuworkers.engines import EngineLoadError, create_engine
+from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import ParamError
 from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
 from gpuworkers.spec import ModelSpec
@@ -37,15 +38,25 @@ class FakeLLM:
     def __init__(self, model: str, *, runner: str = "auto", convert: str = "auto", **kwargs: Any) -> None:
         self.kwargs: dict[str, Any] = {"model": model, "runner": runner, **kwargs}
         self.calls: list[tuple[str, list[Any], Any]] = []
+        self.loras: list[Any] = []
         FakeLLM.instances.append(self)
 
-    def generate(self, prompts: list[str], sampling_params: Any = None, *, use_tqdm: bool = True) -> list[Any]:
+    def generate(
+        self, prompts: list[str], sampling_params: Any = None, *, use_tqdm: bool = True, lora_request: Any = None
+    ) -> list[Any]:
         self.calls.append(("generate", prompts, sampling_params))
+        self.loras.append(lora_request)
         return [RequestOutput(list(range(len(p))), [CompletionOutput(0, p.upper(), [1, 2])]) for p in prompts]
 
     def chat(
-        self, messages: list[Any], sampling_params: Any = None, use_tqdm: bool = True, tools: Any = None
+        self,
+        messages: list[Any],
+        sampling_params: Any = None,
+        use_tqdm: bool = True,
+        tools: Any = None,
+        lora_request: Any = None,
     ) -> list[Any]:
+        self.loras.append(lora_request)
         self.calls.append(
             ("chat", messages, sampling_params) if tools is None else ("chat", messages, sampling_params, tools)
         )
@@ -81,6 +92,13 @@ class FakeTokenizer:
 
 
 @dataclass
+class FakeLoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+@dataclass
 class FakeSamplingParams:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -93,7 +111,11 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.StructuredOutputsParams = lambda **kwargs: ("structured", kwargs)  # type: ignore[attr-defined]
     module.sampling_params = sampling  # type: ignore[attr-defined]
+    lora_request = types.ModuleType("vllm.lora.request")
+    lora_request.LoRARequest = FakeLoRARequest  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", lora_request)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     FakeLLM.instances.clear()
     yield module
@@ -465,3 +487,38 @@ def test_truncate_cuts_embedding_inputs_to_their_first_tokens_and_the_rest_are_r
     assert [response["usage"]["prompt_tokens"] for response in cut] == [4, 4, 2]
     too_long = engine.too_long(inputs, {})
     assert too_long[2] is None and all("truncate: true cuts it to fit" in str(message) for message in too_long[:2])
+
+
+def test_with_lora_enabled_each_prompt_goes_with_its_adapters_request_in_one_call(
+    fake_vllm: types.ModuleType, tmp_path: Path
+) -> None:
+    alpha, beta = tmp_path / "alpha", tmp_path / "beta"
+    alpha.mkdir()
+    beta.mkdir()
+    engine, llm = loaded(vllm_spec(tmp_path, load_params={"enable_lora": True}))
+    assert (llm.kwargs["enable_lora"], llm.kwargs["max_loras"], llm.kwargs["max_lora_rank"]) == (True, 8, 64)
+    adapter = {"name": "alpha", "version": "1", "source": str(alpha), "rank": 8}
+    params = [
+        {"max_tokens": 4, ADAPTER_PARAM: adapter},
+        {"max_tokens": 4},
+        {"max_tokens": 4, ADAPTER_PARAM: {**adapter, "name": "beta", "source": str(beta)}},
+        {"max_tokens": 4, ADAPTER_PARAM: adapter},
+    ]
+
+    engine.run_requests(["a", "b", "c", "d"], params)
+    engine.run_requests(["e"], [{"max_tokens": 4, ADAPTER_PARAM: {**adapter, "name": "beta", "source": str(beta)}}])
+
+    assert [call[:2] for call in llm.calls] == [("generate", ["a", "b", "c", "d"]), ("generate", ["e"])]
+    first = FakeLoRARequest("alpha@1", 1, str(alpha))
+    second = FakeLoRARequest("beta@1", 2, str(beta))
+    assert llm.loras == [[first, None, second, first], [second]]
+
+
+def test_a_prompt_without_an_adapter_sends_no_lora_request_and_a_model_without_lora_refuses_one(
+    fake_vllm: types.ModuleType, tmp_path: Path
+) -> None:
+    engine, llm = loaded(vllm_spec(tmp_path))
+    engine.run_batch(["a"], {"max_tokens": 4})
+    assert llm.loras == [None]
+    with pytest.raises(EngineLoadError, match="does not serve LoRA adapters"):
+        engine.run_batch(["a"], {ADAPTER_PARAM: {"name": "x", "version": "1", "source": str(tmp_path), "rank": 4}})

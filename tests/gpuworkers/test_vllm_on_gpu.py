@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from gpuworkers.engines import EngineLoadError
+from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.vllm import VllmEngine
-from tests.support.tiny_models import build_tiny_causal_lm
+from gpuworkers.spec import AdapterSpec
+from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_llama, build_tiny_lora
 from tests.support.vllm_standins import vllm_spec
 
 PROMPTS = ["Hello", "A much longer prompt than the others", "x", "Medium prompt"]
@@ -229,3 +231,57 @@ class TestEmbedOnAGpu:
         [response] = engine.run_requests([long_text], [{"truncate": True}])
 
         assert response["usage"] == {"prompt_tokens": 128} and response["embedding"].shape == (32,)
+
+
+class TestLoraOnAGpu:
+    """Several LoRA adapters on one vLLM base model (a tiny Llama: vLLM serves adapters on Llama, not GPT-2)."""
+
+    @pytest.fixture(scope="class")
+    def models(self, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+        require_vllm_on_a_gpu()
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        root = tmp_path_factory.mktemp("tiny-llama-lora")
+        base = build_tiny_llama(root / "base")
+        paths = {"base": base}
+        for seed, name in enumerate(("alpha", "beta"), start=1):
+            paths[name] = build_tiny_lora(base, root / name, seed=seed, rank=8)
+            merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), paths[name])
+            merged.merge_and_unload().save_pretrained(root / f"{name}-merged")
+            AutoTokenizer.from_pretrained(base).save_pretrained(root / f"{name}-merged")
+            paths[f"{name}-merged"] = root / f"{name}-merged"
+        return paths
+
+    def test_each_prompt_gets_its_adapters_answer_in_one_call_beside_the_base_models(
+        self, models: dict[str, Path]
+    ) -> None:
+        params = {"max_tokens": 6, "temperature": 0}
+        load_params = {"gpu_memory_utilization": 0.15, "enforce_eager": True, "max_model_len": 128}
+        engine = VllmEngine(
+            vllm_spec(models["base"], load_params={**load_params, "enable_lora": True, "max_lora_rank": 8})
+        )
+        engine.load(device="cuda")
+        adapters = {
+            name: AdapterSpec(name=name, version="1", source=str(models[name]), rank=8).to_dict()
+            for name in ("alpha", "beta")
+        }
+        names = ["alpha", None, "beta", "alpha"]
+        try:
+            mixed = engine.run_requests(
+                PROMPTS, [{**params, ADAPTER_PARAM: adapters[name]} if name else params for name in names]
+            )
+            base = engine.run_batch(PROMPTS, params)
+        finally:
+            engine.unload()
+        alone = {}
+        for name in ("alpha", "beta"):
+            merged = VllmEngine(vllm_spec(models[f"{name}-merged"], load_params=load_params))
+            merged.load(device="cuda")
+            try:
+                alone[name] = [response["text"] for response in merged.run_batch(PROMPTS, params)]
+            finally:
+                merged.unload()
+        for index, name in enumerate(names):
+            expected = base[index]["text"] if name is None else alone[name][index]
+            assert mixed[index]["text"] == expected, (index, name)

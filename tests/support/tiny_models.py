@@ -6,6 +6,7 @@ A test builds one into ``tmp_path`` and loads it back through the engines like a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 TINY_EOS = "<|endoftext|>"
 """End-of-sequence token of the tiny causal LM's tokenizer; it has no pad token."""
@@ -18,16 +19,10 @@ TINY_CHAT_TEMPLATE = (
 with the generation prompt. A separator of printable ASCII, not a newline, which the vocabulary lacks."""
 
 
-def build_tiny_causal_lm(directory: Path) -> Path:
-    """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
-
-    The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
-    about and every generated token decodes to readable text; it has a chat template too
-    (`TINY_CHAT_TEMPLATE`), for task ``chat``.
-    """
-    import torch
+def _char_tokenizer() -> Any:
+    """One token per printable ASCII character, an end-of-sequence token, and `TINY_CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, TINY_EOS: 1}
     for code in range(32, 127):
@@ -37,21 +32,61 @@ def build_tiny_causal_lm(directory: Path) -> Path:
     backend.add_special_tokens(["<unk>", TINY_EOS])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=TINY_EOS, unk_token="<unk>")
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
 
+
+def build_tiny_causal_lm(directory: Path) -> Path:
+    """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
+
+    The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
+    about and every generated token decodes to readable text; it has a chat template too
+    (`TINY_CHAT_TEMPLATE`), for task ``chat``.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = _char_tokenizer()
     config = GPT2Config(
-        vocab_size=len(vocab),
+        vocab_size=len(tokenizer),
         n_layer=2,
         n_head=2,
         n_embd=32,
         n_positions=128,
-        bos_token_id=vocab[TINY_EOS],
-        eos_token_id=vocab[TINY_EOS],
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         # Wide initial weights give peaked logits, so greedy decoding has no near-ties that
         # padding's rounding differences could flip.
         initializer_range=0.5,
     )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_llama(directory: Path) -> Path:
+    """A two-layer Llama of `build_tiny_causal_lm`'s tokenizer: the shape vLLM serves LoRA adapters on (its
+    GPT-2 takes none)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        initializer_range=0.5,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -89,4 +124,31 @@ def build_tiny_classifier(directory: Path, labels: list[str], *, max_positions: 
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_lora(base: Path, directory: Path, *, seed: int, rank: int = 4) -> Path:
+    """Save a LoRA adapter of the tiny causal LM at ``base`` (GPT-2 or Llama) into ``directory`` (PEFT's
+    layout, safetensors): random A and B matrices on the attention's projections, seeded, large enough to
+    change greedy answers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    if model.config.model_type == "gpt2":
+        # GPT-2's attention is a Conv1D, which keeps its weight as (in, out): fan_in_fan_out.
+        targets, fan_in_fan_out = ["c_attn"], True
+    else:
+        targets, fan_in_fan_out = ["q_proj", "v_proj"], False
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=targets,
+        init_lora_weights=False,
+        fan_in_fan_out=fan_in_fan_out,
+    )
+    torch.manual_seed(seed)
+    adapted = get_peft_model(model, config)
+    adapted.save_pretrained(str(directory))
     return directory

@@ -23,7 +23,7 @@ class RecordedCursorPagination(CreatedCursorPagination):
 class UsageViewSet(TenantScopedMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """One line per ended job: records, tokens in and out, GPU-seconds."""
 
-    queryset = JobUsage.objects.select_related("model").all()
+    queryset = JobUsage.objects.select_related("model").prefetch_related("adapters")
     serializer_class = JobUsageSerializer
     filterset_class = JobUsageFilter
     pagination_class = RecordedCursorPagination

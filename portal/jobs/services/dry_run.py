@@ -36,6 +36,7 @@ from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_records
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
+from portal.jobs.adapters import JobAdapters
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
@@ -129,7 +130,9 @@ class DryRunReport:
     """What submitting the request would do. Seconds are estimates from the model's throughput."""
 
     model: str
-    """The model the request resolves to, `name@version`."""
+    """The model the request resolves to, `name@version` (an adapter's base model)."""
+    adapters: tuple[str, ...]
+    """The LoRA adapters the job would run, `name@version`: the one it names, and those its records read so far name."""
     input_bytes: int
     unit: str
     """What records are numbered by: "line", or "row" for Parquet."""
@@ -194,6 +197,7 @@ def job_dry_run(
     would go through. Shards, tokens and estimates then cover the valid records.
     """
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
+    adapters = accepted.adapters()
     with input_errors():
         size = store_for(accepted.input_uri).size(accepted.input_uri)
     # Loaded before the budget's clock starts: its time does not depend on the input.
@@ -204,14 +208,20 @@ def job_dry_run(
     if size <= settings.BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES:
         # Counted first, as job_submit counts it, so that the cut is the one the planner makes.
         uncounted = accepted.job(InputCheck(size=size, records=None), job_id=str(uuid.uuid4()))
-        counted = _count(uncounted, input_field=accepted.input_field, budget=budget, limits=limits)
+        counted = _count(uncounted, input_field=accepted.input_field, budget=budget, limits=limits, adapters=adapters)
     # The job as job_submit would create it (its records known only where the input is checked at
     # submission), so that the cut is the one the planner makes.
     checked = InputCheck(size=size, records=counted)
     draft = accepted.job(checked, job_id=str(uuid.uuid4()))  # never saved
     cut = ShardCut.for_job(draft)
     check, cuts, tokens, read = _read(
-        draft, cut=cut, input_field=accepted.input_field, counter=counter, budget=budget, limits=limits
+        draft,
+        cut=cut,
+        input_field=accepted.input_field,
+        counter=counter,
+        budget=budget,
+        limits=limits,
+        adapters=adapters,
     )
     sample = _sample(budget, check, read=read, size=size, counted=counted)
     scale = sample.scale if sample is not None else 1.0
@@ -230,6 +240,9 @@ def job_dry_run(
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     return DryRunReport(
         model=str(accepted.model),
+        adapters=tuple(
+            sorted(f"{entry['spec']['name']}@{entry['spec']['version']}" for entry in adapters.entries.values())
+        ),
         input_bytes=size,
         unit=check.unit,
         sampled=sample is not None,
@@ -295,7 +308,13 @@ def eta_seconds(
 
 
 def _records(
-    job: Job, *, input_field: str, check: JsonlCheck, budget: SampleBudget, limits: DecompressionLimits
+    job: Job,
+    *,
+    input_field: str,
+    check: JsonlCheck,
+    budget: SampleBudget,
+    limits: DecompressionLimits,
+    adapters: JobAdapters,
 ) -> tuple[Iterator[Record], MeteredPosition]:
     position = MeteredPosition(budget)
     records = job_records(
@@ -305,15 +324,18 @@ def _records(
         max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
         position=position,
         limits=limits,
+        record_problem=adapters.record_problem,
     )
     return records, position
 
 
-def _count(job: Job, *, input_field: str, budget: SampleBudget, limits: DecompressionLimits) -> int | None:
+def _count(
+    job: Job, *, input_field: str, budget: SampleBudget, limits: DecompressionLimits, adapters: JobAdapters
+) -> int | None:
     """The input's valid records, as job_submit counts a small input; None: the budget's bytes or time
     ran out first. Not held to the records' limit: counting is cheap, tokenizing is not."""
     check = JsonlCheck()
-    records, _ = _records(job, input_field=input_field, check=check, budget=budget, limits=limits)
+    records, _ = _records(job, input_field=input_field, check=check, budget=budget, limits=limits, adapters=adapters)
     with input_errors(), closing(cast(IO[Any], records)):
         try:
             for _ in records:
@@ -331,12 +353,15 @@ def _read(
     counter: TokenCounter | None,
     budget: SampleBudget,
     limits: DecompressionLimits,
+    adapters: JobAdapters,
 ) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None, int]:
     """One pass over the input as the planner makes it, as far as the budget goes: the check, the
     shard cuts, the token counts, and the input's bytes read."""
     check = JsonlCheck()
     budget.stopped_by = None  # a count cut short before: this pass alone says whether the input was read whole
-    records, position = _records(job, input_field=input_field, check=check, budget=budget, limits=limits)
+    records, position = _records(
+        job, input_field=input_field, check=check, budget=budget, limits=limits, adapters=adapters
+    )
     cutter = ShardCutter(cut, input_field=input_field, bytes_read=position)
     tokens = _TokenTally(counter) if counter is not None else None
     with input_errors(), closing(cast(IO[Any], records)):

@@ -26,8 +26,10 @@ from django.utils import timezone
 
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.catalog.models import Model
+from portal.catalog.adapters import adapter_lookup
+from portal.catalog.models import Adapter, Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
+from portal.jobs.adapters import JobAdapters, adapter_entry
 from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, input_limits, quota_check_model, quota_reserve
 from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
@@ -38,7 +40,7 @@ from portal.tenancy.models import Tenant
 from tasks import send
 from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, InputOptionsError, check_input
-from tasks.shared.formats.jsonl import JsonlCheck
+from tasks.shared.formats.jsonl import JsonlCheck, RecordProblem
 from tasks.shared.formats.records import input_field_for
 from tasks.shared.storage import StorageError, input_open, store_for
 
@@ -89,15 +91,21 @@ def normalize_input_uri(value: str) -> str:
     return value
 
 
-def _resolve_model(tenant: Tenant, name: str, version: str | None) -> Model:
-    """The newest enabled model of that name (and version); refused if the tenant's quota excludes it."""
+def _resolve_model(tenant: Tenant, name: str, version: str | None) -> tuple[Model, Adapter | None]:
+    """The newest enabled model of that name (and version), or the base model of the tenant's adapter of that
+    name (and version) with the adapter; refused if the tenant's quota excludes the model."""
     allowed = models_for_tenant(tenant)
     model = newest_enabled_model(name, version)
+    adapter = None
+    if model is None and (adapter := adapter_lookup(tenant, name, version=version)) is not None:
+        model = adapter.base_model
     if model is None:
         known = ", ".join(sorted(set(allowed.values_list("name", flat=True))))
-        raise SubmissionError(f"no enabled model named {name!r}; available: {known or 'none'}", field="model")
+        raise SubmissionError(
+            f"no enabled model or adapter named {name!r}; models available: {known or 'none'}", field="model"
+        )
     quota_check_model(tenant, model, allowed)
-    return model
+    return model, adapter
 
 
 @contextmanager
@@ -117,7 +125,12 @@ def input_errors() -> Iterator[None]:
 
 
 def input_read(
-    input_uri: str, *, input_field: str, options: InputOptions, limits: DecompressionLimits | None = None
+    input_uri: str,
+    *,
+    input_field: str,
+    options: InputOptions,
+    limits: DecompressionLimits | None = None,
+    record_problem: RecordProblem | None = None,
 ) -> tuple[int, JsonlCheck | None]:
     """The input's size, and the check of every line where the input is small enough to check at
     submission (BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES); None: the planner checks it. Raises
@@ -137,6 +150,7 @@ def input_read(
                 input_field=input_field,
                 max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
                 limits=limits.capped(SUBMIT_CHECK_DECOMPRESSED_BYTES, setting=_LEFT_TO_THE_PLANNER),
+                record_problem=record_problem,
             )
         except DecompressionLimitExceeded as exc:
             if exc.setting != _LEFT_TO_THE_PLANNER:
@@ -151,9 +165,13 @@ def input_rejected(check: JsonlCheck) -> SubmissionError:
     return SubmissionError(f"input rejected: {summary}", field="input", problems=check.problems)
 
 
-def _check_input(input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant) -> InputCheck:
+def _check_input(
+    input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant, adapters: JobAdapters
+) -> InputCheck:
     limits = input_limits(tenant.pk)
-    size, check = input_read(input_uri, input_field=input_field, options=options, limits=limits)
+    size, check = input_read(
+        input_uri, input_field=input_field, options=options, limits=limits, record_problem=adapters.record_problem
+    )
     if check is not None and not check.ok:
         raise input_rejected(check)
     return InputCheck(size=size, records=check.records if check is not None else None)
@@ -221,6 +239,8 @@ class CheckedRequest:
 
     tenant: Tenant
     model: Model
+    adapter: Adapter | None
+    """The adapter the request names in place of a model (`model` is then its base model)."""
     input_uri: str
     """Normalized: a local path made an absolute file:// URI."""
     params: dict[str, Any]
@@ -235,6 +255,11 @@ class CheckedRequest:
         """The record field the model reads."""
         return input_field_for(self.model.task)
 
+    def adapters(self) -> JobAdapters:
+        """The judge of the models the input's records name, knowing the request's own adapter."""
+        entries = {} if self.adapter is None else {self.adapter.name: adapter_entry(self.adapter, default=True)}
+        return JobAdapters(self.tenant, self.model, entries)
+
     def job(self, checked: InputCheck, *, job_id: str, user: User | None = None) -> Job:
         """The job as `job_submit` creates it, not saved: the dry run plans it without storing it."""
         return Job(
@@ -242,6 +267,7 @@ class CheckedRequest:
             tenant=self.tenant,
             created_by=user,
             model=self.model,
+            adapter=self.adapter,
             input_uri=self.input_uri,
             input_bytes=checked.size,
             params=self.params,
@@ -272,7 +298,7 @@ def submission_request(
     (the API) pass them; the operators' CLI does not. `task`, when given, is the task the model must
     serve (an OpenAI endpoint needs one).
     """
-    model = _resolve_model(tenant, request.model_name, request.model_version)
+    model, adapter = _resolve_model(tenant, request.model_name, request.model_version)
     if task is not None and model.task != task:
         raise SubmissionError(
             f"model {model.name!r} serves task {model.task!r}; this needs a {task!r} model", field="model"
@@ -321,6 +347,7 @@ def submission_request(
     return CheckedRequest(
         tenant=tenant,
         model=model,
+        adapter=adapter,
         input_uri=uri,
         params=job_params,
         options=options,
@@ -344,14 +371,16 @@ def job_submit(
     The arguments are `submission_request`'s, and `user`, who submits.
     """
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
+    adapters = accepted.adapters()
     checked = _check_input(
-        accepted.input_uri, input_field=accepted.input_field, options=accepted.options, tenant=tenant
+        accepted.input_uri, input_field=accepted.input_field, options=accepted.options, tenant=tenant, adapters=adapters
     )
 
     job_id = str(uuid.uuid4())
     with transaction.atomic():
         quota_reserve(tenant, input_bytes=checked.size, records=checked.records)
         job = accepted.job(checked, job_id=job_id, user=user)
+        job.adapters = adapters.entries
         job.save(force_insert=True)
         JobEvent.objects.create(job=job, status=JobStatus.QUEUED)
         transaction.on_commit(lambda: send.send_plan(job_id, task_id=f"plan-{job_id}"))

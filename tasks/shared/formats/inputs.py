@@ -36,6 +36,7 @@ from tasks.shared.formats.compression import (
 from tasks.shared.formats.jsonl import (
     MAX_LINE_BYTES,
     JsonlCheck,
+    RecordProblem,
     RowProblem,
     colliding_id_hashes,
     count_records,
@@ -141,8 +142,10 @@ def iter_records(
     check: JsonlCheck,
     max_problems: int = 100,
     limits: DecompressionLimits | None = None,
+    record_problem: RecordProblem | None = None,
 ) -> Iterator[Record]:
-    """Yield valid records in input order; problems are counted into `check`, not yielded.
+    """Yield valid records in input order; problems are counted into `check`, not yielded (those that
+    `record_problem` finds in a well-formed record too).
 
     Sets `check.unit` to how the input is numbered ("row" for Parquet). Raises InputOptionsError
     (when iterated) if the options do not fit the detected format. Duplicate ids are found after
@@ -154,7 +157,7 @@ def iter_records(
         items,
     ):
         check.unit = "row" if input_format.kind == "parquet" else "line"
-        yield from count_records(items, check=check, max_problems=max_problems)
+        yield from count_records(items, check=check, max_problems=max_problems, record_problem=record_problem)
 
 
 def find_duplicate_records(
@@ -181,6 +184,7 @@ def check_input(
     input_field: str,
     max_problems: int = 100,
     limits: DecompressionLimits | None = None,
+    record_problem: RecordProblem | None = None,
 ) -> JsonlCheck:
     """Read a whole input once (twice if ids may collide) and report every problem."""
     check = JsonlCheck()
@@ -192,6 +196,7 @@ def check_input(
         check=check,
         max_problems=max_problems,
         limits=limits,
+        record_problem=record_problem,
     ):
         pass
     suspects = colliding_id_hashes(check)

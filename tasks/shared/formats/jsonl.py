@@ -17,7 +17,8 @@ from typing import IO, BinaryIO
 
 import orjson
 
-from gpuworkers.engines.request_params import PLATFORM_FIELDS
+from gpuworkers.engines.base import ADAPTER_PARAM
+from gpuworkers.engines.request_params import ADAPTER_NOT_A_PARAM, PLATFORM_FIELDS
 from tasks.shared.formats.id_hashes import IdHashes
 from tasks.shared.formats.records import LineProblem, Record, input_problem
 
@@ -55,7 +56,8 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
 
     A line of an OpenAI batch request file (`{"custom_id", "method", "url", "body": {...}}`) whose
     input field is only inside `body` becomes the record `{custom_id, <input field>}`. A native record may
-    carry ``params`` of its own, a JSON object over the job's params for that record alone.
+    carry ``params`` of its own, a JSON object over the job's params for that record alone, and ``model``, the
+    name of the model it runs with (its job's, or an adapter of it: `portal.jobs.adapters` judges which).
     """
     if raw is None:
         return LineProblem(line_no, f"line is longer than {MAX_LINE_BYTES} bytes")
@@ -79,6 +81,8 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
         return LineProblem(line_no, problem)
     if (problem := _record_params_problem(data.get("params"))) is not None:
         return LineProblem(line_no, problem)
+    if "model" in data and (not isinstance(data["model"], str) or not data["model"]):
+        return LineProblem(line_no, "model must be a non-empty string: the job's model or an adapter of it")
     data["custom_id"] = custom_id
     return Record(line=line_no, custom_id=custom_id, data=data)
 
@@ -89,6 +93,8 @@ def _record_params_problem(params: object) -> str | None:
         return None
     if not isinstance(params, dict):
         return f"params must be a JSON object, got {type(params).__name__}"
+    if ADAPTER_PARAM in params:
+        return f"params.{ADAPTER_NOT_A_PARAM}"
     platform = sorted(PLATFORM_FIELDS & params.keys())
     if platform:
         # Shards are cut and timed by the job's params; one record cannot change them.
@@ -154,9 +160,22 @@ def iter_jsonl(stream: BinaryIO, *, input_field: str, check: JsonlCheck, max_pro
     return count_records(parse_jsonl(stream, input_field=input_field), check=check, max_problems=max_problems)
 
 
-def count_records(items: Iterable[Record | LineProblem], *, check: JsonlCheck, max_problems: int) -> Iterator[Record]:
+RecordProblem = Callable[[Record], str | None]
+"""What is wrong with a well-formed record that only its reader can judge (the catalog, for the model it
+names); None if nothing."""
+
+
+def count_records(
+    items: Iterable[Record | LineProblem],
+    *,
+    check: JsonlCheck,
+    max_problems: int,
+    record_problem: RecordProblem | None = None,
+) -> Iterator[Record]:
     """Yield the records of `items`; count them, their id hashes and the problems into `check`."""
     for item in items:
+        if isinstance(item, Record) and record_problem is not None and (message := record_problem(item)) is not None:
+            item = check.problem(item.line, message)
         if isinstance(item, LineProblem):
             check.add_problem(item, max_problems=max_problems)
             continue

@@ -105,7 +105,9 @@ def test_an_unknown_model_is_refused_naming_the_known_ones(
     acme: Any, minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     path = write_jsonl([{"input": "x"}])
-    with pytest.raises(SubmissionError, match="no enabled model named 'gpt-9'; available: all-MiniLM-L6-v2"):
+    with pytest.raises(
+        SubmissionError, match="no enabled model or adapter named 'gpt-9'; models available: all-MiniLM-L6-v2"
+    ):
         job_submit(tenant=acme, request=JobRequest(model_name="gpt-9", input_uri=str(path)))
 
 

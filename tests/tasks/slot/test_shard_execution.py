@@ -190,6 +190,8 @@ def test_live_progress_ends_at_the_shards_totals_without_writing_the_same_totals
 
     monkeypatch.setattr(shard_execution, "publish_shard_progress", publish)
     monkeypatch.setattr(shard_execution, "shard_progress_commands", with_lease)
+    # Far longer than the shard runs, whatever else the machine is doing.
+    monkeypatch.setattr(shard_execution, "PROGRESS_INTERVAL_S", 60.0)
     one = tmp_path / "input" / "one.jsonl"
     one.write_text(json.dumps({"custom_id": "only", "input": "one sentence"}) + "\n")
     execute_shard(replace(spec, job_id="progress-one", record_count=1, input_uri=one.as_uri()), worker="w1")

@@ -1,0 +1,176 @@
+"""LoRA adapters in the catalog: registering a tenant's upload, and which adapters a tenant may use.
+
+`adapter_register` checks an upload whole (`adapter_files`) before it stores anything: a refused upload
+leaves no file and no row. `adapter_lookup` answers what a job or a record means by a name: the tenant's
+own newest enabled version of it, else a shared one, on a base model the tenant may use.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import IO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q, QuerySet
+
+from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.vllm import DEFAULT_MAX_LORA_RANK
+from gpuworkers.sources import resolve_model_source
+from portal.catalog.adapter_files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterRefused,
+    adapter_check,
+    base_model_shapes,
+    read_config,
+    safetensors_header,
+)
+from portal.catalog.models import Adapter, Model
+from portal.catalog.selectors import models_for_tenant, newest_enabled_model
+from portal.tenancy.models import Tenant
+from tasks.shared.storage import StorageError, join_uri, store_for
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_ADAPTERS_PER_TENANT = 200
+"""Adapters one tenant may keep registered: each is a file in the shared storage and an entry every
+record naming it is resolved against."""
+
+
+def adapters_for_tenant(tenant: Tenant) -> QuerySet[Adapter]:
+    """The enabled adapters a tenant may use: its own and the shared ones, on base models it may use."""
+    return Adapter.objects.select_related("base_model", "owner").filter(
+        Q(owner=tenant) | Q(owner__isnull=True), enabled=True, base_model__in=models_for_tenant(tenant)
+    )
+
+
+def adapter_lookup(
+    tenant: Tenant, name: str, *, base_model: Model | None = None, version: str | None = None
+) -> Adapter | None:
+    """The adapter ``name`` (and ``version``) means for this tenant (of ``base_model``, when given): its own
+    newest version, else the newest shared one; None when it may use none of that name."""
+    adapters = adapters_for_tenant(tenant).filter(name=name)
+    if version:
+        adapters = adapters.filter(version=version)
+    if base_model is not None:
+        adapters = adapters.filter(base_model=base_model)
+    # The tenant's own adapter first (a shared one has no owner), then the newest.
+    return adapters.order_by(F("owner").asc(nulls_last=True), "-created_at").first()
+
+
+def adapter_register(
+    *,
+    tenant: Tenant,
+    name: str,
+    base_model_name: str,
+    config: bytes,
+    weights: IO[bytes],
+    weights_bytes: int,
+    version: str = "1",
+    description: str = "",
+) -> Adapter:
+    """Check an uploaded adapter against its base model and store it as the tenant's; raises `AdapterRefused`."""
+    if not NAME.match(name):
+        raise AdapterRefused(
+            f"name must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit, not {name!r}",
+            field="name",
+        )
+    if not NAME.match(version) or len(version) > 50:
+        raise AdapterRefused(
+            f"version must be 1 to 50 letters, digits, '.', '_' or '-', not {version!r}", field="version"
+        )
+    if Model.objects.filter(name=name).exists():
+        raise AdapterRefused(f"{name!r} is a model's name; an adapter needs a name of its own", field="name")
+    if Adapter.objects.filter(owner=tenant).count() >= MAX_ADAPTERS_PER_TENANT:
+        raise AdapterRefused(
+            f"the tenant already has {MAX_ADAPTERS_PER_TENANT} adapters, the most one may keep; delete one first",
+            field="name",
+        )
+    base_model = _base_model(tenant, base_model_name)
+    if weights_bytes > settings.BATCHERY_MAX_ADAPTER_BYTES:
+        raise AdapterRefused(
+            f"{WEIGHTS_FILE} is {weights_bytes} bytes, over the limit of {settings.BATCHERY_MAX_ADAPTER_BYTES}"
+        )
+    parsed = read_config(config)
+    header = safetensors_header(weights, name=WEIGHTS_FILE, size=weights_bytes)
+    max_rank = settings.BATCHERY_MAX_LORA_RANK
+    if base_model.engine == Model.Engine.VLLM:
+        max_rank = min(max_rank, int(base_model.load_params.get("max_lora_rank", DEFAULT_MAX_LORA_RANK)))
+    checked = adapter_check(
+        parsed,
+        header,
+        weights_bytes=weights_bytes,
+        base_shapes=_base_shapes(base_model),
+        max_rank=max_rank,
+        max_bytes=settings.BATCHERY_MAX_ADAPTER_BYTES,
+    )
+    source = join_uri(settings.BATCHERY_STORAGE_URL, "adapters", str(tenant.pk), uuid.uuid4().hex)
+    store = store_for(source)
+    weights.seek(0)
+    try:
+        with store.open_write(join_uri(source, CONFIG_FILE)) as target:
+            target.write(config)
+        with store.open_write(join_uri(source, WEIGHTS_FILE)) as target:
+            while chunk := weights.read(1024 * 1024):
+                target.write(chunk)
+        with transaction.atomic():
+            return Adapter.objects.create(
+                name=name,
+                version=version,
+                description=description,
+                base_model=base_model,
+                owner=tenant,
+                source=source,
+                rank=checked.rank,
+                size_bytes=checked.weights_bytes,
+            )
+    except IntegrityError:
+        store.delete_prefix(source)
+        raise AdapterRefused(
+            f"the tenant already has version {version!r} of adapter {name!r}", field="version"
+        ) from None
+    except BaseException:
+        store.delete_prefix(source)
+        raise
+
+
+def adapter_delete(adapter: Adapter) -> None:
+    """Delete a tenant's adapter and its files; jobs that ran it keep their outputs and their ledger lines."""
+    source = adapter.source
+    adapter.delete()
+    if source.startswith(settings.BATCHERY_STORAGE_URL):
+        store_for(source).delete_prefix(source)
+
+
+def _base_model(tenant: Tenant, name: str) -> Model:
+    model = newest_enabled_model(name)
+    if model is None or not models_for_tenant(tenant).filter(pk=model.pk).exists():
+        raise AdapterRefused(f"no enabled model named {name!r} that this tenant may use", field="base_model")
+    if model.engine not in Adapter.ENGINES or model.task not in Adapter.TASKS:
+        raise AdapterRefused(
+            f"model {name!r} (engine {model.engine}, task {model.task}) does not serve adapters; "
+            "adapters run on generate and chat models of the transformers and vllm engines",
+            field="base_model",
+        )
+    if model.engine == Model.Engine.VLLM and not model.load_params.get("enable_lora"):
+        raise AdapterRefused(
+            f"model {name!r} is served by vLLM without LoRA; an operator enables it with the load param enable_lora",
+            field="base_model",
+        )
+    return model
+
+
+def _base_shapes(model: Model) -> dict[str, list[int]]:
+    try:
+        if model.source.startswith("s3://"):
+            store = store_for(model.source)
+            names = [uri.removeprefix(model.source).lstrip("/") for uri in store.list_prefix(model.source)]
+            return base_model_shapes(lambda name: store.open_read(join_uri(model.source, name)), names)
+        directory = resolve_model_source(model.source)
+        names = [path.name for path in directory.iterdir() if path.is_file()]
+        return base_model_shapes(lambda name: (directory / name).open("rb"), names)
+    except (EngineLoadError, StorageError, OSError) as exc:
+        raise AdapterRefused(
+            f"the base model's weights cannot be read to check the adapter against them: {exc}", field="base_model"
+        ) from None

@@ -1,0 +1,63 @@
+"""The LoRA adapters a job runs: the one it names in place of its model, and those its records name.
+
+A record may name, in its ``model`` field, its job's model or an adapter of that model that the job's
+tenant may use (`portal.catalog.adapters.adapter_lookup`); a record naming none runs as its job says.
+`JobAdapters` judges each record's name as the input is read (at submission for a small input, by the
+planner for every input) and keeps what each name resolved to: the job's `adapters`, which every shard's
+message carries, so that a slot never looks anything up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from portal.catalog.adapters import adapter_lookup
+from portal.catalog.models import Adapter, Model
+from portal.tenancy.models import Tenant
+from tasks.shared.formats.records import Record
+
+
+def adapter_entry(adapter: Adapter, *, default: bool = False) -> dict[str, Any]:
+    """How `Job.adapters` keeps one adapter: its id (for the ledger) and its spec (for the slots)."""
+    entry: dict[str, Any] = {"id": adapter.pk, "spec": adapter.to_spec().to_dict()}
+    if default:
+        entry["default"] = True
+    return entry
+
+
+class JobAdapters:
+    """Resolves the model names a job's records give, keeping what each resolved to (`entries`)."""
+
+    def __init__(self, tenant: Tenant, model: Model, entries: dict[str, Any] | None = None) -> None:
+        self.tenant = tenant
+        self.model = model
+        self.entries: dict[str, Any] = dict(entries or {})
+        """Name -> `adapter_entry`: those the job had, and those its records named since."""
+        self.added = False
+        """Set when a record named an adapter that `entries` did not hold yet; the caller clears it."""
+        self._refused: dict[str, str] = {}
+
+    def record_problem(self, record: Record) -> str | None:
+        """What is wrong with the model a record names; None when it names none, the job's, or an adapter of it."""
+        name = record.data.get("model")
+        if name is None or name == self.model.name or (isinstance(name, str) and name in self.entries):
+            return None
+        if not isinstance(name, str) or not name:
+            return "model must be a non-empty string: the job's model or the name of an adapter of it"
+        if name in self._refused:
+            return self._refused[name]
+        limit = settings.BATCHERY_MAX_ADAPTERS_PER_JOB
+        if len(self.entries) >= limit:
+            return f"model {name!r} would be adapter {limit + 1} of this job, over the limit of {limit} a job"
+        adapter = adapter_lookup(self.tenant, name, base_model=self.model)
+        if adapter is None:
+            self._refused[name] = (
+                f"model {name!r} is neither the job's model {self.model.name!r} nor an adapter of it that this "
+                "tenant may use"
+            )
+            return self._refused[name]
+        self.entries[name] = adapter_entry(adapter)
+        self.added = True
+        return None
