@@ -46,13 +46,22 @@ def request_counts(batch: MessageBatch) -> dict[str, int]:
         counts["processing"] = batch.request_count
         return counts
     if job is None or not job.shard_count:
-        # No output at all (the job was refused by its planner, or deleted): every request errored.
-        counts["errored"] = batch.request_count
+        # No output at all: cancelled or expired before it was planned, refused by its planner, or deleted.
+        counts[_unrun_outcome(job)] = batch.request_count
         return counts
     stopped = _stopped_counts(job)
     counts.update(succeeded=job.succeeded_records, canceled=stopped["cancelled"], expired=stopped["expired"])
     counts["errored"] = max(0, job.failed_records - stopped["cancelled"] - stopped["expired"])
     return counts
+
+
+def _unrun_outcome(job: Job | None) -> str:
+    """What every request of a batch whose job ran none of them counts as."""
+    if job is not None and job.status == JobStatus.CANCELLED:
+        return "canceled"
+    if job is not None and job.status == JobStatus.EXPIRED:
+        return "expired"
+    return "errored"
 
 
 def _rfc3339(moment: dt.datetime | None) -> str | None:
@@ -96,12 +105,15 @@ def message_batch_results(batch: MessageBatch) -> Iterator[bytes]:
     if job is not None and job.shard_count:
         source = store_for(job.output_uri).open_read(job.output_uri)
         return _converted(source, batch.id, model)
-    # Nothing ran: each request errored with the reason its job gave (read off the job's input, which holds
-    # every custom_id).
+    # Nothing ran: every request has the same result, one line each (their custom_ids read off the job's input).
     input_uri = job.input_uri if job is not None else message_batch_input(batch.id)
-    reason = job.error if job is not None and job.error else "the batch's job ran no request"
-    source = store_for(input_uri).open_read(input_uri)
-    return _all_errored(source, reason)
+    outcome = _unrun_outcome(job)
+    if outcome == "errored":
+        reason = job.error if job is not None and job.error else "the batch's job ran no request"
+        result = errored("invalid_request_error", reason)
+    else:
+        result = {"type": outcome}
+    return _each_alike(store_for(input_uri).open_read(input_uri), result)
 
 
 def _model_name(batch: MessageBatch) -> str:
@@ -120,8 +132,7 @@ def _converted(source: BinaryIO, batch_id: str, model: str) -> Iterator[bytes]:
         yield result_line(orjson.loads(raw), batch_id=batch_id, model=model)
 
 
-def _all_errored(source: BinaryIO, reason: str) -> Iterator[bytes]:
-    result = errored("invalid_request_error", reason)
+def _each_alike(source: BinaryIO, result: dict[str, Any]) -> Iterator[bytes]:
     for raw in _lines(source):
         line = {"custom_id": orjson.loads(raw)["custom_id"], "result": result}
         yield orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)

@@ -237,6 +237,9 @@ def test_cancel_stops_the_job_and_a_batch_that_ended_cannot_be_cancelled(
     # Never started: its job is cancelled at once.
     assert body["processing_status"] == "ended" and body["cancel_initiated_at"] is not None
     assert MessageBatch.objects.get(pk=batch_id).job.status == JobStatus.CANCELLED  # type: ignore[union-attr]
+    assert body["request_counts"]["canceled"] == 1
+    results = client.get(body["results_url"])
+    assert orjson.loads(b"".join(results.streaming_content)) == {"custom_id": "a", "result": {"type": "canceled"}}  # type: ignore[attr-defined]
     assert "cancelled" in error_of(client.post(f"{URL}/{batch_id}/cancel"), 400, "invalid_request_error")
 
 
