@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "portal.ops",
     "portal.devstack",
     "portal.openai_api",
+    "portal.anthropic_api",
     "portal.audit",
     "portal.webhooks",
     "portal.web",

@@ -30,6 +30,7 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
         name="api-docs",
     ),
+    path("v1/messages/", include("portal.anthropic_api.urls")),
     path("v1/", include("portal.openai_api.urls")),
     path("", include("portal.web.urls")),
 ]

@@ -3,7 +3,8 @@
 Task ``generate`` takes a prompt string; task ``chat`` takes an OpenAI-style list of messages
 (``{"role", "content"}``, string content), rendered into a prompt by the tokenizer's chat template with
 the assistant's generation prompt. Both give ``{"text", "finish_reason": "stop" | "length", "usage":
-{"prompt_tokens", "completion_tokens"}}``, as the vllm engine does. A micro-batch is sorted by prompt
+{"prompt_tokens", "completion_tokens"}}``, as the vllm engine does, and ``stop_sequence``, the stop string
+that ended the text, where one did. A micro-batch is sorted by prompt
 length and cut into sub-batches of ``batch_size`` prompts, so that each sub-batch pads little;
 responses come back in input order.
 """
@@ -354,7 +355,10 @@ def _completion(
     generated = completion[:end]
     text = _decode(tokenizer, generated)
     cut = _first_stop(text, generation.stop)
+    stop_sequence = None
     if cut is not None:
+        # The stop string that ended it, as vLLM's `stop_reason` tells: Anthropic's results name it.
+        stop_sequence = next(item for item in generation.stop if text.startswith(item, cut))
         text = text[:cut]
         finish_reason = "stop"
         completion_tokens = _tokens_until_stop(tokenizer, generated, generation.stop)
@@ -364,11 +368,14 @@ def _completion(
     else:
         finish_reason = "length"
         completion_tokens = end
-    return {
+    response: dict[str, Any] = {
         "text": text,
         "finish_reason": finish_reason,
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens},
     }
+    if stop_sequence is not None:
+        response["stop_sequence"] = stop_sequence
+    return response
 
 
 def _first_stop(text: str, stop: tuple[str, ...]) -> int | None:

@@ -5,8 +5,9 @@ scheduler then keeps the GPU full across prompts of different lengths, and hands
 input order. The model is tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``).
 
 Responses: tasks ``generate`` and ``chat`` give ``{"text", "finish_reason", "usage": {"prompt_tokens",
-"completion_tokens"}}``, plus ``"logprobs"`` when asked for and ``"choices"`` (one per sample) when
-``n`` > 1; task ``embed`` gives ``{"embedding": float32 ndarray, "usage": {"prompt_tokens"}}``.
+"completion_tokens"}}``, plus ``"logprobs"`` when asked for, ``"stop_sequence"`` where a stop string ended
+the text, and ``"choices"`` (one per sample) when ``n`` > 1; task ``embed`` gives ``{"embedding": float32
+ndarray, "usage": {"prompt_tokens"}}``.
 
 Mapping OpenAI's request fields to vLLM's ``SamplingParams`` (`sampling_kwargs`) and shaping vLLM's
 outputs (`completion_response`, `embedding_response`) are pure functions, tested where vLLM cannot
@@ -401,6 +402,9 @@ def embedding_response(output: Any) -> dict[str, Any]:
 
 def _choice(sample: Any, top_logprobs: int | None) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": sample.index, "text": sample.text, "finish_reason": sample.finish_reason}
+    # vLLM's `stop_reason`: the stop string that ended the sample (a token id for a stop token, None at EOS).
+    if isinstance(sample.stop_reason, str):
+        choice["stop_sequence"] = sample.stop_reason
     if top_logprobs is not None and sample.logprobs is not None:
         choice["logprobs"] = {"content": _logprob_content(sample.token_ids, sample.logprobs, top_logprobs)}
     return choice

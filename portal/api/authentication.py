@@ -41,7 +41,11 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None
         if len(parts) != 2:
             raise _refuse(request, "the Authorization header must be 'Bearer <API key>'")
-        plaintext = parts[1].decode(errors="replace")
+        return self.authenticate_key(request, parts[1].decode(errors="replace"))
+
+    def authenticate_key(self, request: Request, plaintext: str) -> tuple[Any, Any]:
+        """The key's user and the key, the tenant access kept on the request; raises 401 (or 429) for a key
+        that does not authenticate. Shared with the schemes that carry the key in another header."""
         key = apikey_authenticate(plaintext)
         if key is None:
             raise _refuse(request, "the API key is unknown, revoked or expired, or its user is deactivated", plaintext)

@@ -119,6 +119,7 @@ def test_a_stop_string_cuts_the_text_before_it(engine: TransformersEngine) -> No
 
     assert stopped["text"] == full["text"][:cut]
     assert stopped["finish_reason"] == "stop"
+    assert stopped["stop_sequence"] == stop
     assert stopped["usage"]["completion_tokens"] == cut + len(stop)
 
 

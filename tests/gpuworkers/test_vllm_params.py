@@ -147,6 +147,14 @@ def test_one_sample_gives_text_finish_reason_and_usage() -> None:
     }
 
 
+def test_a_sample_ended_by_a_stop_string_names_it_and_one_ended_by_a_stop_token_does_not() -> None:
+    by_string = RequestOutput([1], [CompletionOutput(0, "a", [5], finish_reason="stop", stop_reason="\n\n")])
+    by_token = RequestOutput([1], [CompletionOutput(0, "a", [5], finish_reason="stop", stop_reason=13)])
+
+    assert completion_response(by_string)["stop_sequence"] == "\n\n"
+    assert "stop_sequence" not in completion_response(by_token)
+
+
 def test_several_samples_are_all_in_choices_and_all_their_tokens_are_counted() -> None:
     output = RequestOutput(
         [1, 2],

@@ -34,6 +34,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = "length"
     logprobs: list[dict[int, Logprob]] | None = None
+    stop_reason: int | str | None = None
+    """The stop string (or stop token id) that ended the sample, as vLLM's."""
 
 
 @dataclass

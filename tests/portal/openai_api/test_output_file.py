@@ -358,6 +358,7 @@ def test_the_vllm_engines_responses_convert_to_valid_openai_bodies() -> None:
         token_ids: list[int]
         finish_reason: str
         logprobs: list[dict[int, Logprob]]
+        stop_reason: int | str | None = None
 
     @dataclass
     class Output:

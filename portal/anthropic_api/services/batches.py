@@ -1,0 +1,230 @@
+"""`/v1/messages/batches`: a message batch is checked request by request, written as a Batchery job's input
+and submitted as a job of task `chat` (so the same fair share, quotas and webhooks apply); it is cancelled
+through its job and deleted, with what it stored, once it has ended.
+
+Everything wrong with a request is refused at creation, naming the request's index and field
+(`requests.3.params.max_tokens`), as Anthropic's API does: nothing is left to a later validation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from typing import Any
+
+import orjson
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from gpuworkers.engines.request_params import check_request_params
+from gpuworkers.engines.sampling import ParamError
+from portal.anthropic_api.formats.requests import ChatRequest, RequestRefused, anthropic_field, convert_request
+from portal.anthropic_api.models import MessageBatch
+from portal.anthropic_api.selectors import processing_status
+from portal.anthropic_api.storage import message_batch_input, message_batch_prefix
+from portal.catalog.models import Model
+from portal.catalog.selectors import newest_enabled_model
+from portal.jobs.models import Job
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services.stop import job_cancel
+from portal.jobs.services.submit import job_submit
+from portal.jobs.storage_layout import job_root
+from portal.tenancy.models import ApiKey, Tenant
+from tasks.shared.storage import store_for
+
+logger = logging.getLogger(__name__)
+
+BATCH_LIFETIME = dt.timedelta(hours=24)
+"""Anthropic's: a batch not ended within 24 hours of its creation expires (its job's deadline)."""
+MAX_REQUESTS = 100_000
+"""Anthropic's limit on requests in one batch."""
+CHAT_TASK = "chat"
+
+
+class MessageBatchRefused(Exception):
+    """The request cannot be served; `field` names what is wrong, e.g. `requests.3.params.max_tokens`."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+def batch_model(tenant: Tenant, name: str) -> Model | None:
+    """The catalog model a batch's requests name, or None for a name the catalog does not hold.
+
+    The one place a request's model name is resolved: every request of a batch must resolve to the model
+    of the batch's job (for now, the same name). Whether the tenant may use it is `job_submit`'s check.
+    """
+    return newest_enabled_model(name)
+
+
+def _refused_param(index: int, error: ParamError) -> MessageBatchRefused:
+    # The engine names its own params (`stop must be ...`): said again in the request's words.
+    field = anthropic_field(error.field)
+    message = str(error)
+    if message.startswith(error.field):
+        message = field + message[len(error.field) :]
+    return MessageBatchRefused(message, field=f"requests.{index}.params.{field}")
+
+
+class _BatchWriter:
+    """Checks the requests one by one and writes each as a record of the job's input as it goes."""
+
+    def __init__(self, tenant: Tenant, version: str) -> None:
+        self.tenant = tenant
+        self.version = version
+        self.model: Model | None = None
+        self.model_name = ""
+        self.params: dict[str, Any] = {}
+        self.count = 0
+        self._custom_ids: dict[str, int] = {}
+
+    def record(self, index: int, request: Any) -> bytes:
+        try:
+            converted = convert_request(request, version=self.version)
+        except RequestRefused as exc:
+            raise MessageBatchRefused(exc.message, field=f"requests.{index}.{exc.field}".rstrip(".")) from None
+        first = self._custom_ids.setdefault(converted.custom_id, index)
+        if first != index:
+            raise MessageBatchRefused(
+                f"{converted.custom_id!r} is already the custom_id of requests.{first}; each request needs its own",
+                field=f"requests.{index}.custom_id",
+            )
+        model = self._model(index, converted)
+        try:
+            check_request_params(model.engine, model.task, converted.params, tool_parser=model.tool_parser)
+        except ParamError as exc:
+            raise _refused_param(index, exc) from None
+        record: dict[str, Any] = {"custom_id": converted.custom_id, "messages": converted.messages}
+        if index == 0:
+            self.params = converted.params
+        elif converted.params != self.params:
+            # As the OpenAI conversion writes it: a null stands for a job param this request leaves out.
+            record["params"] = {**dict.fromkeys(self.params), **converted.params}
+        self.count += 1
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+    def _model(self, index: int, converted: ChatRequest) -> Model:
+        field = f"requests.{index}.params.model"
+        if self.model is not None:
+            if converted.model != self.model_name:
+                raise MessageBatchRefused(
+                    f"is {converted.model!r}, but requests.0 names {self.model_name!r}; a batch runs one model, "
+                    "so every request must name the same",
+                    field=field,
+                )
+            return self.model
+        model = batch_model(self.tenant, converted.model)
+        if model is None:
+            raise MessageBatchRefused(f"no enabled model named {converted.model!r}", field=field)
+        if model.task != CHAT_TASK:
+            raise MessageBatchRefused(
+                f"model {model.name!r} serves task {model.task!r}; message batches need a 'chat' model", field=field
+            )
+        self.model, self.model_name = model, converted.model
+        return model
+
+
+def _submission_field(exc: SubmissionError) -> str:
+    """The request field a refused submission names: the job's model and params are the first request's."""
+    if exc.field == "model":
+        return "requests.0.params.model"
+    if exc.field == "params":
+        return "requests.0.params"
+    return "requests"
+
+
+def message_batch_create(
+    *, tenant: Tenant, api_key: ApiKey, user: User | None, requests: Any, version: str
+) -> MessageBatch:
+    """Check every request, write them as the job's input and submit the job; the batch is visible to
+    `api_key` only. `version` is the request's `anthropic-version`.
+
+    Raises `MessageBatchRefused` naming the request and field at fault, `QuotaExceeded` when a quota
+    refuses the job; either way nothing is left behind.
+    """
+    if not isinstance(requests, list) or not requests:
+        raise MessageBatchRefused("must be a non-empty list of {custom_id, params}", field="requests")
+    if len(requests) > MAX_REQUESTS:
+        raise MessageBatchRefused(
+            f"holds {len(requests)} requests; a batch holds at most {MAX_REQUESTS}", field="requests"
+        )
+    now = timezone.now()
+    batch = MessageBatch(
+        id=f"msgbatch_{secrets.token_hex(12)}",
+        tenant=tenant,
+        api_key=api_key,
+        created_by=user,
+        created_at=now,
+        expires_at=now + BATCH_LIFETIME,
+    )
+    job_input = message_batch_input(batch.id)
+    store = store_for(job_input)
+    writer = _BatchWriter(tenant, version)
+    try:
+        # Record by record into the store: the parsed body is the only copy of the batch held in memory.
+        with store.open_write(job_input) as target:
+            for index, request in enumerate(requests):
+                target.write(writer.record(index, request))
+        assert writer.model is not None  # a non-empty batch that converted names its model
+        batch.request_count = writer.count
+        with transaction.atomic():
+            batch.job = job_submit(
+                tenant=tenant,
+                user=user,
+                task=CHAT_TASK,
+                request=JobRequest(
+                    model_name=writer.model.name,
+                    model_version=writer.model.version,
+                    input_uri=job_input,
+                    params=writer.params,
+                    deadline_seconds=BATCH_LIFETIME.total_seconds(),
+                ),
+            )
+            batch.save(force_insert=True)
+    except BaseException as exc:
+        store.delete_prefix(job_input)
+        if isinstance(exc, SubmissionError) and not isinstance(exc, QuotaExceeded):
+            raise MessageBatchRefused(exc.message, field=_submission_field(exc)) from None
+        raise
+    return batch
+
+
+def message_batch_cancel(*, batch: MessageBatch, actor: User | None = None) -> MessageBatch:
+    """Cancel the batch's job; raises `CannotStop` once it has ended or is ending already."""
+    if batch.job is None:
+        raise MessageBatchRefused(f"{batch.id} has ended and has nothing to cancel", field="")
+    job_cancel(job=batch.job, actor=actor)
+    return MessageBatch.objects.select_related("job").get(pk=batch.pk)
+
+
+def message_batch_delete(*, batch: MessageBatch) -> None:
+    """Delete an ended batch, its job input and its job's output; the job row stays, with its usage.
+
+    Raises `MessageBatchRefused` for a batch that has not ended, as Anthropic does. Storage goes once the
+    row's deletion has committed (a failed delete leaves both).
+    """
+    status = processing_status(batch)
+    if status != "ended":
+        raise MessageBatchRefused(
+            f"{batch.id} is {status}; only a batch that has ended can be deleted (cancel it first)", field=""
+        )
+    prefixes = [message_batch_prefix(batch.id)]
+    job: Job | None = batch.job
+    # The root is the folder of the job's output; checked, since deleting a wrong prefix loses others' data.
+    if job is not None and job.output_uri and job_root(job).endswith(f"/{job.pk}"):
+        prefixes.append(job_root(job))
+    with transaction.atomic():
+        batch.delete()
+        transaction.on_commit(lambda: _delete_stored(prefixes))
+
+
+def _delete_stored(prefixes: list[str]) -> None:
+    for prefix in prefixes:
+        try:
+            store_for(prefix).delete_prefix(prefix)
+        except Exception:
+            logger.warning("message batch objects under %s not deleted", prefix, exc_info=True)

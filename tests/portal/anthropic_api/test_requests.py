@@ -1,0 +1,127 @@
+"""A message batch request's Messages API params as a chat record and the chat engine's params."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from portal.anthropic_api.formats.requests import RequestRefused, anthropic_field, convert_request
+
+OLD, NEW = "2023-06-01", "2026-10-21"
+
+
+def request(**params: Any) -> dict[str, Any]:
+    body = {"model": "tiny-chat", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], **params}
+    return {"custom_id": "req-1", "params": {key: value for key, value in body.items() if value is not ...}}
+
+
+def refusal(value: Any, version: str = OLD) -> RequestRefused:
+    with pytest.raises(RequestRefused) as refused:
+        convert_request(value, version=version)
+    return refused.value
+
+
+def test_a_request_of_text_becomes_a_chat_record_with_the_system_prompt_first_and_engine_params() -> None:
+    converted = convert_request(
+        request(
+            system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}}],
+                },
+                {"role": "assistant", "content": "Hi."},
+                {"role": "user", "content": "Bye?"},
+            ],
+            temperature=0.5,
+            top_p=0.9,
+            stop_sequences=["\n\n"],
+            metadata={"user_id": "u-1"},
+            stream=False,
+        ),
+        version=OLD,
+    )
+
+    assert converted.custom_id == "req-1" and converted.model == "tiny-chat"
+    assert converted.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Bye?"},
+    ]
+    assert converted.params == {"max_tokens": 8, "temperature": 0.5, "top_p": 0.9, "stop": ["\n\n"]}
+
+
+def test_anthropic_tools_and_tool_choice_become_openai_function_tools() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    converted = convert_request(
+        request(
+            tools=[{"name": "weather", "description": "The weather.", "input_schema": schema}],
+            tool_choice={"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+        ),
+        version=OLD,
+    )
+
+    assert converted.params["tools"] == [
+        {"type": "function", "function": {"name": "weather", "description": "The weather.", "parameters": schema}}
+    ]
+    assert converted.params["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
+    assert converted.params["parallel_tool_calls"] is False
+    for choice, expected in (("auto", "auto"), ("any", "required"), ("none", "none")):
+        params = convert_request(
+            request(tools=[{"name": "f", "input_schema": {}}], tool_choice={"type": choice}), version=OLD
+        ).params
+        assert params["tool_choice"] == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "words"),
+    [
+        ("not an object", "", "must be an object"),
+        ({"custom_id": "req 1", "params": {}}, "custom_id", "1 to 64 characters"),
+        ({"custom_id": "x" * 65, "params": {}}, "custom_id", "1 to 64 characters"),
+        ({"custom_id": "ok", "params": {}, "extra": 1}, "extra", "Extra inputs"),
+        ({"custom_id": "ok"}, "params", "must be an object"),
+        (request(model=...), "params.model", "is required"),
+        (request(max_tokens=...), "params.max_tokens", "is required"),
+        (request(messages=[]), "params.messages", "non-empty list"),
+        (request(messages=[{"role": "system", "content": "x"}]), "params.messages.0.role", "'user' or 'assistant'"),
+        (
+            request(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            "params.messages.0.content.0.type",
+            "'image' are not served",
+        ),
+        (request(system=5), "params.system", "string or a non-empty list"),
+        (request(stream=True), "params.stream", "do not stream"),
+        (request(thinking={"type": "enabled"}), "params.thinking", "not a Messages API param served here"),
+        (request(temperature=1.5), "params.temperature", "from 0 to 1"),
+        (request(stop_sequences="\n"), "params.stop_sequences", "list of non-empty strings"),
+        (request(tools=[{"name": "f"}]), "params.tools.0.input_schema", "is required"),
+        (request(tools=[{"type": "web_search_20250305", "name": "s"}]), "params.tools.0.type", "not served"),
+        (request(tool_choice={"type": "sometimes"}), "params.tool_choice", "auto, any, tool or none"),
+        (request(tool_choice={"type": "tool"}), "params.tool_choice.name", "is required"),
+        (request(metadata="me"), "params.metadata", "must be an object"),
+    ],
+)
+def test_a_request_that_cannot_run_is_refused_naming_the_field(value: Any, field: str, words: str) -> None:
+    refused = refusal(value)
+
+    assert refused.field == field
+    assert words in refused.message
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "top_k"])
+def test_sampling_params_are_refused_under_2026_10_21_and_taken_under_2023_06_01(name: str) -> None:
+    refused = refusal(request(**{name: 0.5}), NEW)
+
+    assert refused.field == f"params.{name}"
+    assert "Extra inputs are not permitted" in refused.message and OLD in refused.message
+    assert convert_request(request(**{name: 0.5}), version=OLD).params[name] == 0.5
+
+
+def test_engine_field_names_are_given_back_in_the_requests_words() -> None:
+    assert anthropic_field("stop") == "stop_sequences"
+    assert anthropic_field("parallel_tool_calls") == "tool_choice.disable_parallel_tool_use"
+    assert anthropic_field("max_tokens") == "max_tokens"
+    assert anthropic_field("tools") == "tools"
