@@ -15,8 +15,19 @@ from django.conf import settings
 
 from portal.catalog.adapters import adapter_lookup
 from portal.catalog.models import Adapter, Model
+from portal.catalog.selectors import newest_enabled_model
 from portal.tenancy.models import Tenant
 from tasks.shared.formats.records import Record
+
+
+def model_runs_on(tenant: Tenant, name: str) -> Model | None:
+    """The catalog model a request naming ``name`` runs on: the newest enabled model of that name, else the
+    base model of the tenant's (or a shared) adapter of that name; None when the tenant may use neither."""
+    model = newest_enabled_model(name)
+    if model is not None:
+        return model
+    adapter = adapter_lookup(tenant, name)
+    return None if adapter is None else adapter.base_model
 
 
 def adapter_entry(adapter: Adapter, *, default: bool = False) -> dict[str, Any]:

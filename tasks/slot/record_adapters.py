@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from gpuworkers.batching import Item
+from gpuworkers.batching import Item, RecordResult
 from gpuworkers.engines.base import ADAPTER_PARAM
 from tasks.shared.specs import ShardSpec
 
@@ -21,8 +21,8 @@ BASE_MODEL = ""
 
 
 def record_items(spec: ShardSpec, records: Iterable[Mapping[str, Any]]) -> tuple[list[Item], dict[str, str]]:
-    """The shard's records as items, and each record's adapter key (``name@version``) by custom_id when the
-    job names adapters (empty otherwise)."""
+    """The shard's records as items, and each record's adapter key (``name@version``, `BASE_MODEL` for none) by
+    custom_id when the job names adapters (empty otherwise)."""
     adapters = {name: adapter.to_dict() for name, adapter in spec.adapters.items()}
     default = spec.adapter or None
     items: list[Item] = []
@@ -40,6 +40,16 @@ def record_items(spec: ShardSpec, records: Iterable[Mapping[str, Any]]) -> tuple
             own = {key: value for key, value in own.items() if key != ADAPTER_PARAM}
         items.append(Item(record["custom_id"], record[spec.input_field], own))
     return items, keys
+
+
+def named_models(results: Iterable[RecordResult], keys: Mapping[str, str]) -> Iterator[RecordResult]:
+    """Pass results through, each response of a record that ran with an adapter naming it (``model``:
+    ``name@version``), so that the APIs answer with the model each request ran on."""
+    for result in results:
+        key = keys.get(result.custom_id, BASE_MODEL) if keys else BASE_MODEL
+        if key != BASE_MODEL and result.response is not None:
+            result.response["model"] = key
+        yield result
 
 
 class AdapterTally:

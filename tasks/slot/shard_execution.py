@@ -38,7 +38,7 @@ from tasks.shared.specs import ShardManifest, ShardSkipped, ShardSpec, read_comm
 from tasks.shared.stops import PAUSED, arrival_flags, stop_reason
 from tasks.shared.storage import ObjectStore, join_uri, store_for
 from tasks.slot import state as slot_state
-from tasks.slot.record_adapters import AdapterTally, record_items
+from tasks.slot.record_adapters import AdapterTally, named_models, record_items
 from tasks.slot.shard_bisect import run_checkpointed
 from tasks.slot.shard_piece import ShardPiece
 
@@ -197,7 +197,7 @@ def _run_attempt(
             on_micro_batch=metrics.MICRO_BATCH_SIZE.labels(*labels).observe,
             propagate=(SoftTimeLimitExceeded,),
         )
-        lines = _from_results(results)
+        lines = _from_results(named_models(results, adapter_keys))
     if lines is None:
         return _abandoned(spec)
 

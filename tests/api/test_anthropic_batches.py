@@ -11,7 +11,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.anthropic_api.models import MessageBatch
-from portal.catalog.models import Model
+from portal.catalog.models import Adapter, Model
 from portal.jobs.models import Job, JobStatus
 from portal.tenancy.apikeys import apikey_create
 from portal.tenancy.models import Membership, Quota
@@ -113,8 +113,8 @@ def test_a_batch_becomes_a_chat_job_whose_records_carry_their_own_params_where_t
         ([], "requests: must be a non-empty list"),
         ([chat_request("a"), chat_request("a")], "requests.1.custom_id: 'a' is already the custom_id of requests.0"),
         ([chat_request("a"), chat_request("b", max_tokens=None)], "requests.1.params.max_tokens"),
-        ([chat_request("a", model="gpt-9")], "requests.0.params.model: no enabled model named 'gpt-9'"),
-        ([chat_request("a"), chat_request("b", model="other")], "requests.1.params.model: is 'other'"),
+        ([chat_request("a", model="gpt-9")], "requests.0.params.model: no enabled model or adapter named 'gpt-9'"),
+        ([chat_request("a"), chat_request("b", model="other")], "requests.1.params.model: no enabled model or"),
         ([chat_request("a"), chat_request("b", top_k=5)], "requests.1.params.top_k: top_k is not a parameter"),
         ([chat_request("a", stop_sequences=[""])], "requests.0.params.stop_sequences"),
         (
@@ -297,3 +297,27 @@ def test_an_unknown_batch_is_a_404_in_anthropics_shape(caller: Callable[..., Cal
     client = anthropic_client(caller("acme").key)
 
     assert "msgbatch_nope" in error_of(client.get(f"{URL}/msgbatch_nope"), 404, "not_found_error")
+
+
+def test_requests_may_name_adapters_of_the_batchs_model_and_run_on_it_but_not_another_model(
+    caller: Callable[..., Caller], chat_model: Model
+) -> None:
+    acme = caller("acme")
+    Adapter.objects.create(name="support-bot", base_model=chat_model, owner=acme.tenant, source="/a", rank=4)
+    ModelFactory(name="other-chat", engine=Model.Engine.TRANSFORMERS, task=Model.Task.CHAT, is_default=False)
+    client = anthropic_client(acme.key)
+
+    response = create(client, [chat_request("a", model="support-bot"), chat_request("b")])
+
+    assert response.status_code == 200, response.content
+    job = MessageBatch.objects.select_related("job__model").get(pk=response.json()["id"]).job
+    assert job is not None and job.model == chat_model
+    assert sorted(job.adapters) == ["support-bot"]
+    with store_for(job.input_uri).open_read(job.input_uri) as source:
+        assert [orjson.loads(line).get("model") for line in source] == ["support-bot", None]
+    mixed = create(client, [chat_request("a", model="support-bot"), chat_request("b", model="other-chat")])
+    assert "requests.1.params.model: is 'other-chat', but requests.0 runs on 'tiny-chat'" in error_of(
+        mixed, 400, "invalid_request_error"
+    )
+    stranger = create(anthropic_client(caller("globex").key), [chat_request("a", model="support-bot")])
+    assert "no enabled model or adapter named 'support-bot'" in error_of(stranger, 400, "invalid_request_error")

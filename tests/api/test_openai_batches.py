@@ -11,10 +11,11 @@ import numpy as np
 import openai
 import pytest
 
-from portal.catalog.models import Model
+from portal.catalog.models import Adapter, Model
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
 from tests.support.openai_batches import ENDED, batch_lines, openai_client, requests_file, run_batch, wait_for_batch
+from tests.support.tiny_models import build_tiny_lora
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -148,3 +149,31 @@ def test_cancel_on_a_running_batch_ends_in_cancelled(
     assert errors and all(line["error"]["code"] == "batch_cancelled" for line in errors)
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def test_a_chat_batch_may_name_adapters_of_its_model_line_by_line_and_each_answer_names_what_ran(
+    live_server: Any, pipeline_workers: dict[str, Any], caller: Callable[..., Caller], tiny_chat: Model, tmp_path: Path
+) -> None:
+    acme = caller("acme")
+    lora = build_tiny_lora(Path(tiny_chat.source), tmp_path / "support-bot", seed=5)
+    Adapter.objects.create(name="support-bot", base_model=tiny_chat, owner=acme.tenant, source=str(lora), rank=4)
+    client = openai_client(live_server, acme.key)
+    names = ["tiny-chat", "support-bot"] * 3
+    bodies = [
+        {"model": name, "messages": [{"role": "user", "content": "Same question?"}], "max_tokens": 5} for name in names
+    ]
+    batch = run_batch(
+        client,
+        requests_file(tmp_path / "chat.jsonl", "/v1/chat/completions", bodies),
+        "/v1/chat/completions",
+        pipeline_workers,
+    )
+
+    assert batch.status == "completed", batch
+    completions = [
+        openai.types.chat.ChatCompletion.model_validate(line["response"]["body"])
+        for line in batch_lines(client, batch.output_file_id)
+    ]
+    assert [completion.model for completion in completions] == ["tiny-chat", "support-bot@1"] * 3
+    answers = {(completion.model, completion.choices[0].message.content) for completion in completions}
+    assert len(answers) == 2, "the same question gets one answer from each, and the adapter's differs"

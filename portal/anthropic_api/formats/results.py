@@ -31,7 +31,9 @@ def result_line(line: Mapping[str, Any], *, batch_id: str, model: str) -> bytes:
     error = line.get("error")
     result: dict[str, Any]
     if error is None:
-        result = _succeeded(line["response"], _derived_id(batch_id, custom_id), model)
+        # A record that ran with a LoRA adapter names it (`name@version`); the others ran the batch's model.
+        ran = str(line["response"].get("model") or model)
+        result = _succeeded(line["response"], _derived_id(batch_id, custom_id), ran)
     elif error.get("code") in STOPPED_RESULTS:
         result = {"type": STOPPED_RESULTS[error["code"]]}
     else:

@@ -25,7 +25,7 @@ from portal.anthropic_api.models import MessageBatch
 from portal.anthropic_api.selectors import processing_status
 from portal.anthropic_api.storage import message_batch_input, message_batch_prefix
 from portal.catalog.models import Model
-from portal.catalog.selectors import newest_enabled_model
+from portal.jobs.adapters import model_runs_on
 from portal.jobs.models import Job
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest, SubmissionError
@@ -53,12 +53,13 @@ class MessageBatchRefused(Exception):
 
 
 def batch_model(tenant: Tenant, name: str) -> Model | None:
-    """The catalog model a batch's requests name, or None for a name the catalog does not hold.
+    """The catalog model a request naming ``name`` runs on (a model of that name, or the base model of a LoRA
+    adapter of it the tenant may use), or None for a name the catalog does not hold.
 
-    The one place a request's model name is resolved: every request of a batch must resolve to the model
-    of the batch's job (for now, the same name). Whether the tenant may use it is `job_submit`'s check.
+    The one place a request's model name is resolved: every request of a batch must run on the model of the
+    batch's job. Whether the tenant may use it is `job_submit`'s check.
     """
-    return newest_enabled_model(name)
+    return model_runs_on(tenant, name)
 
 
 def _refused_param(index: int, error: ParamError) -> MessageBatchRefused:
@@ -77,10 +78,10 @@ class _BatchWriter:
         self.tenant = tenant
         self.version = version
         self.model: Model | None = None
-        self.model_name = ""
         self.params: dict[str, Any] = {}
         self.count = 0
         self._custom_ids: dict[str, int] = {}
+        self._runs_on: dict[str, Model] = {}
 
     def record(self, index: int, request: Any) -> bytes:
         try:
@@ -99,6 +100,8 @@ class _BatchWriter:
         except ParamError as exc:
             raise _refused_param(index, exc) from None
         record: dict[str, Any] = {"custom_id": converted.custom_id, "messages": converted.messages}
+        if converted.model != model.name:
+            record["model"] = converted.model  # an adapter of the batch's model: the record runs with it
         if index == 0:
             self.params = converted.params
         elif converted.params != self.params:
@@ -108,23 +111,28 @@ class _BatchWriter:
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
     def _model(self, index: int, converted: ChatRequest) -> Model:
+        """The model the request runs on: the one it names, or the base model of the adapter it names."""
         field = f"requests.{index}.params.model"
+        if converted.model in self._runs_on:
+            model = self._runs_on[converted.model]
+        else:
+            found = batch_model(self.tenant, converted.model)
+            if found is None:
+                raise MessageBatchRefused(f"no enabled model or adapter named {converted.model!r}", field=field)
+            model = self._runs_on[converted.model] = found
         if self.model is not None:
-            if converted.model != self.model_name:
+            if model.pk != self.model.pk:
                 raise MessageBatchRefused(
-                    f"is {converted.model!r}, but requests.0 names {self.model_name!r}; a batch runs one model, "
-                    "so every request must name the same",
+                    f"is {converted.model!r}, but requests.0 runs on {self.model.name!r}; a batch runs one model "
+                    "and its adapters, so every request must name that model or an adapter of it",
                     field=field,
                 )
-            return self.model
-        model = batch_model(self.tenant, converted.model)
-        if model is None:
-            raise MessageBatchRefused(f"no enabled model named {converted.model!r}", field=field)
+            return model
         if model.task != CHAT_TASK:
             raise MessageBatchRefused(
                 f"model {model.name!r} serves task {model.task!r}; message batches need a 'chat' model", field=field
             )
-        self.model, self.model_name = model, converted.model
+        self.model = model
         return model
 
 

@@ -42,6 +42,11 @@ ParamsCheck = Callable[[str, Mapping[str, Any]], tuple[str, str] | None]
 model the catalog holds under that name cannot honour, the message starting with the field's name; None
 if nothing (or no such model)."""
 
+BaseModel = Callable[[str], str | None]
+"""``(model name) -> name``: the catalog model a request naming that model runs on: the model itself, or the
+base model of a LoRA adapter of that name the batch's tenant may use; None for a name the catalog does not
+hold (the submission refuses it)."""
+
 CALLER_FIELDS = frozenset({"user", "safety_identifier", "prompt_cache_key"})
 """Body fields that name the caller or a cache key: they change nothing a response holds, so they are
 taken and not passed to the engine."""
@@ -103,6 +108,7 @@ def convert_requests(
     max_line_bytes: int,
     dimensions_problem: DimensionsCheck | None = None,
     params_problem: ParamsCheck | None = None,
+    base_model: BaseModel | None = None,
 ) -> RequestConversion:
     """Check an OpenAI batch input file and write its requests to ``target`` as Batchery records.
 
@@ -118,9 +124,12 @@ def convert_requests(
     ``dimensions_problem(model, dimensions)`` judges an embeddings request's ``dimensions`` against the
     named model's catalog entry (what is wrong, or None); without it, no model takes ``dimensions``.
     ``params_problem(model, params)`` judges each line's params against the named model's engine;
-    without it, params are not judged beyond what the conversion itself reads.
+    without it, params are not judged beyond what the conversion itself reads. ``base_model(model)`` says
+    what each line's model runs on: lines may then name LoRA adapters of the batch's model (the job's model
+    is their base; each such record keeps its adapter's name in ``model``); without it, every line must name
+    the same model.
     """
-    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem, params_problem)
+    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem, params_problem, base_model)
     result = RequestConversion()
     seen_line = False
     for line_no, raw in _numbered_lines(source, max_line_bytes):
@@ -205,11 +214,13 @@ class _RequestChecker:
         max_line_bytes: int,
         dimensions_problem: DimensionsCheck | None = None,
         params_problem: ParamsCheck | None = None,
+        base_model: BaseModel | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.max_line_bytes = max_line_bytes
         self.dimensions_problem = dimensions_problem
         self.params_problem = params_problem
+        self.base_model = base_model
         self.reference: _Reference | None = None
         self._first_lines: dict[str, int] = {}
 
@@ -238,7 +249,8 @@ class _RequestChecker:
         body = request.get("body")
         if not isinstance(body, dict):
             raise _BadLine("missing_body", _must("body", "a JSON object", body), "body")
-        model = self._model(body.get("model"))
+        named = body.get("model")
+        model = self._model(named)
         value = _record_input(self.endpoint, body)
         params = {
             key: item
@@ -255,6 +267,8 @@ class _RequestChecker:
             body_param, body_message = _body_name(self.endpoint, param), _body_name(self.endpoint, message)
             raise _BadLine("invalid_param", f"body.{body_message}", f"body.{body_param}")
         record: dict[str, Any] = {"custom_id": custom_id, self.endpoint.input_field: value}
+        if named != model:
+            record["model"] = named  # an adapter of the batch's model: the record runs with it
         reference = self.reference
         if reference is None:
             self.reference = _Reference(line, model, params)
@@ -285,14 +299,17 @@ class _RequestChecker:
             raise _BadLine("duplicate_custom_id", message, "custom_id")
         return custom_id
 
-    def _model(self, model: Any) -> str:
-        if not isinstance(model, str) or not model:
-            raise _BadLine("missing_model", _must("body.model", "a model's name", model), "body.model")
+    def _model(self, named: Any) -> str:
+        """The catalog model the line runs on: the one it names, or the base model of the adapter it names."""
+        if not isinstance(named, str) or not named:
+            raise _BadLine("missing_model", _must("body.model", "a model's name", named), "body.model")
+        model = (self.base_model(named) if self.base_model is not None else None) or named
         reference = self.reference
         if reference is not None and model != reference.model:
+            runs_on = "" if model == named else f" (an adapter of {model!r})"
             message = (
-                f"body.model is {model!r}, but line {reference.line} names {reference.model!r}; "
-                "a batch runs one model, so every request must name the same"
+                f"body.model is {named!r}{runs_on}, but line {reference.line} runs on {reference.model!r}; "
+                "a batch runs one model and its adapters, so every request must name that model or an adapter of it"
             )
             raise _BadLine("mixed_models", message, "body.model")
         return model

@@ -89,12 +89,14 @@ def convert_outputs(
             record = {**record, "error": {"code": "invalid_model", "message": message}}
         if record.get("error") is None:
             ident = _derived_id(task, batch_id, custom_id)
+            # A record that ran with a LoRA adapter names it (`name@version`); the others ran the batch's model.
+            ran = str(record["response"].get("model") or model)
             if endpoint == RESPONSES:
-                body = _responses_body(record["response"], model, created, ident)
+                body = _responses_body(record["response"], ran, created, ident)
             elif endpoint == MODERATIONS:
-                body = _moderation_body(record["response"], model, ident)
+                body = _moderation_body(record["response"], ran, ident)
             else:
-                body = _response_body(task, record["response"], model, created, ident)
+                body = _response_body(task, record["response"], ran, created, ident)
             if task in ("generate", "chat") and endpoint != RESPONSES:
                 body["system_fingerprint"] = system_fingerprint
             if task == "embed" and encoding_format == "base64":

@@ -157,7 +157,9 @@ def _send_validation(batch_id: str) -> None:
 def _validate_now(batch: Batch, source_file: File, window_s: int) -> Batch:
     """Validate a small input file within the request; refusals of its job are the caller's HTTP errors."""
     job_input = join_uri(batch_prefix(batch.id), "input.jsonl")
-    conversion = batch_input_convert(source_uri=source_file.uri, job_input=job_input, endpoint=batch.endpoint)
+    conversion = batch_input_convert(
+        source_uri=source_file.uri, job_input=job_input, endpoint=batch.endpoint, tenant=batch.tenant
+    )
     if not conversion.ok:
         batch.validation_errors = problems_to_openai_errors(conversion.problems)
         batch.finalized_at = timezone.now()

@@ -25,7 +25,7 @@ from django.utils import timezone
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
-from portal.catalog.selectors import newest_enabled_model
+from portal.jobs.adapters import model_runs_on
 from portal.jobs.models import Job
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest, SubmissionError
@@ -33,6 +33,7 @@ from portal.jobs.services.submit import job_submit
 from portal.openai_api.formats.endpoints import endpoint_for
 from portal.openai_api.formats.input_file import RequestConversion, convert_requests, problems_to_openai_errors
 from portal.openai_api.models import Batch, File
+from portal.tenancy.models import Tenant
 from portal.webhooks.services.events import webhook_batch_ended
 from tasks.shared.formats.jsonl import MAX_LINE_BYTES
 from tasks.shared.leases import Lease, LeaseHeld, job_lease_key
@@ -59,16 +60,22 @@ def validation_task_id(batch_id: str) -> str:
 
 
 class _CatalogChecks:
-    """`convert_requests`' checks of ``dimensions`` and of params: the catalog entry each request's model names,
-    looked up once per name. No such model: the submission refuses the batch naming body.model."""
+    """`convert_requests`' checks of ``dimensions`` and of params, and what each request's model runs on: the
+    catalog entry each request's model names (or its adapter's base model, for the batch's tenant), looked up
+    once per name. No such model: the submission refuses the batch naming body.model."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant: Tenant) -> None:
+        self._tenant = tenant
         self._models: dict[str, Model | None] = {}
 
     def _model(self, name: str) -> Model | None:
         if name not in self._models:
-            self._models[name] = newest_enabled_model(name)
+            self._models[name] = model_runs_on(self._tenant, name)
         return self._models[name]
+
+    def base_model(self, name: str) -> str | None:
+        model = self._model(name)
+        return None if model is None else model.name
 
     def dimensions_problem(self, name: str, dimensions: Any) -> str | None:
         model = self._model(name)
@@ -85,11 +92,12 @@ class _CatalogChecks:
         return None
 
 
-def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str) -> RequestConversion:
+def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str, tenant: Tenant) -> RequestConversion:
     """Check the input file at `source_uri` line by line and write its requests to `job_input` as Batchery
-    records; `job_input` is deleted again when the file has bad lines."""
+    records (lines may name the batch's model or LoRA adapters of it that `tenant` may use); `job_input` is
+    deleted again when the file has bad lines."""
     store = store_for(job_input)
-    checks = _CatalogChecks()
+    checks = _CatalogChecks(tenant)
     with store_for(source_uri).open_read(source_uri) as source, store.open_write(job_input) as target:
         conversion = convert_requests(
             iter(partial(source.readline, MAX_LINE_BYTES + 1), b""),
@@ -99,6 +107,7 @@ def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str) -> Re
             max_line_bytes=MAX_LINE_BYTES,
             dimensions_problem=checks.dimensions_problem,
             params_problem=checks.params_problem,
+            base_model=checks.base_model,
         )
     if not conversion.ok or conversion.model is None:
         store.delete_prefix(job_input)
@@ -196,7 +205,9 @@ def _validate(batch: Batch) -> bool:
     # A name of its own per run: should two runs ever overlap (Redis down, no lease), neither
     # overwrites the input of the job that the other submitted.
     job_input = join_uri(batch_prefix(batch.id), f"input-{secrets.token_hex(4)}.jsonl")
-    conversion = batch_input_convert(source_uri=source.uri, job_input=job_input, endpoint=batch.endpoint)
+    conversion = batch_input_convert(
+        source_uri=source.uri, job_input=job_input, endpoint=batch.endpoint, tenant=batch.tenant
+    )
     outcome = _settle(batch, conversion, job_input)
     if outcome != "submitted" and conversion.ok:
         store_for(job_input).delete_prefix(job_input)  # a failed batch's bad lines deleted it already

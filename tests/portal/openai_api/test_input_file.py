@@ -228,8 +228,25 @@ def test_mixed_models_are_refused_naming_both_models_and_the_first_line() -> Non
     assert codes(result) == [(3, "mixed_models")]
     message = result.problems[0].message
     assert "'large'" in message
-    assert "line 1 names 'small'" in message
+    assert "line 1 runs on 'small'" in message
     assert result.model == "small"
+
+
+def test_lines_may_name_adapters_of_the_batchs_model_each_record_keeping_its_adapter() -> None:
+    bases = {"small": "small", "small-support": "small", "small-legal": "small", "large": "large"}
+    lines = jsonl(
+        request("a", model="small-support"),
+        request("b", model="small"),
+        request("c", model="small-legal"),
+        request("d", model="large"),
+    )
+
+    result, records = convert(lines, base_model=bases.get)
+
+    assert result.model == "small"
+    assert [record.get("model") for record in records] == ["small-support", None, "small-legal"]
+    assert codes(result) == [(4, "mixed_models")]
+    assert "but line 1 runs on 'small'; a batch runs one model and its adapters" in result.problems[0].message
 
 
 def test_the_first_good_line_sets_the_model_and_params_that_the_others_must_repeat() -> None:
@@ -238,7 +255,7 @@ def test_the_first_good_line_sets_the_model_and_params_that_the_others_must_repe
     result, _ = convert(lines)
 
     assert codes(result) == [(1, "invalid_input"), (3, "mixed_models")]
-    assert "line 2 names 'good'" in result.problems[1].message
+    assert "line 2 runs on 'good'" in result.problems[1].message
 
 
 def test_a_line_whose_params_differ_carries_its_own_with_null_for_what_it_leaves_out() -> None:
