@@ -18,12 +18,12 @@ TINY_CHAT_TEMPLATE = (
 with the generation prompt. A separator of printable ASCII, not a newline, which the vocabulary lacks."""
 
 
-def build_tiny_causal_lm(directory: Path) -> Path:
+def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
     The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
     about and every generated token decodes to readable text; it has a chat template too
-    (`TINY_CHAT_TEMPLATE`), for task ``chat``.
+    (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models
@@ -43,7 +43,7 @@ def build_tiny_causal_lm(directory: Path) -> Path:
         n_layer=2,
         n_head=2,
         n_embd=32,
-        n_positions=128,
+        n_positions=n_positions,
         bos_token_id=vocab[TINY_EOS],
         eos_token_id=vocab[TINY_EOS],
         # Wide initial weights give peaked logits, so greedy decoding has no near-ties that
