@@ -147,6 +147,16 @@ def test_one_sample_gives_text_finish_reason_and_usage() -> None:
     }
 
 
+def test_the_prompt_tokens_vllm_served_from_its_prefix_cache_are_reported_as_cached_tokens() -> None:
+    output = RequestOutput([1, 2, 3], [CompletionOutput(0, "a", [7], finish_reason="stop")], num_cached_tokens=2)
+
+    assert completion_response(output)["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+
+
 def test_several_samples_are_all_in_choices_and_all_their_tokens_are_counted() -> None:
     output = RequestOutput(
         [1, 2],
