@@ -18,12 +18,13 @@ TINY_CHAT_TEMPLATE = (
 with the generation prompt. A separator of printable ASCII, not a newline, which the vocabulary lacks."""
 
 
-def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128) -> Path:
+def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: int = 2, n_embd: int = 32) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
     The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
     about and every generated token decodes to readable text; it has a chat template too
-    (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens.
+    (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens;
+    ``n_layer`` and ``n_embd`` its depth and width (smaller runs a long prompt faster).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models
@@ -40,9 +41,9 @@ def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128) -> Path:
 
     config = GPT2Config(
         vocab_size=len(vocab),
-        n_layer=2,
-        n_head=2,
-        n_embd=32,
+        n_layer=n_layer,
+        n_head=1 if n_embd < 32 else 2,
+        n_embd=n_embd,
         n_positions=n_positions,
         bos_token_id=vocab[TINY_EOS],
         eos_token_id=vocab[TINY_EOS],
