@@ -142,7 +142,8 @@ class TransformersEngine(TorchModelHolder):
     Inputs of `run_batch`: prompt strings (task ``generate``) or lists of messages (task ``chat``,
     which needs a tokenizer with a chat template). Params, the same for both tasks: ``max_tokens``
     (16; ``max_completion_tokens`` wins), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop``
-    (a string or a list of them), ``batch_size`` (prompts per generate call, 32); see `GenerationParams`
+    (a string or a list of them), ``batch_size`` (prompts per generate call, 32), ``prefix_reuse`` (true: a
+    shared prompt prefix is computed once); see `GenerationParams`
     for what is refused. Load params: ``dtype`` (``float32``,
     ``float16``, ``bfloat16``); by default float16 on CUDA and float32 on CPU, where half precision is
     slow.
