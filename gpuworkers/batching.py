@@ -42,10 +42,11 @@ OUT_OF_MEMORY = "out_of_memory"
 """Error code of a record that ran out of memory alone, after its micro-batch was split down to it."""
 
 LENGTH_SORT_WINDOW = 4
-"""Micro-batches of records sorted by length together for an engine that pads to the longest input of a
-batch (`PadsToLongest`), so that a batch's padding is small. The window's results come out when all of it
-ran, in input order, so a larger one would hold back writing and the shard's end for little more padding
-saved."""
+"""Micro-batches of records sorted together: by length for an engine that pads to the longest input of a
+batch (`PadsToLongest`), so that a batch's padding is small; by text for one that computes a shared prompt
+prefix once (`SharesPrefixes`), so that records of one prefix run together. The window's results come out
+when all of it ran, in input order, so a larger one would hold back writing and the shard's end for little
+more saved."""
 
 INPUT_TOO_LONG = "input_too_long"
 """Error code of a record longer than its model takes, refused before it runs unless its params say
@@ -115,8 +116,9 @@ def run_records(
     """Run ``(custom_id, input)`` items through ``engine`` in micro-batches; yield results in input order.
 
     An engine that pads to the longest input of a batch (`PadsToLongest`) gets each window of
-    `LENGTH_SORT_WINDOW` micro-batches sorted by input length before it is cut, and that window's results
-    come out, in input order, when all of it ran; any other engine gets the micro-batches in input order,
+    `LENGTH_SORT_WINDOW` micro-batches sorted by input length before it is cut, one that shares prompt
+    prefixes (`SharesPrefixes`) each window sorted by input text, and that window's results come out, in
+    input order, when all of it ran; any other engine gets the micro-batches in input order,
     each one's results out as soon as it ran. After each micro-batch, ``on_progress(records_done, errors)``
     is called with running totals. ``should_stop()`` is asked before each micro-batch but the first
     (the caller has just decided to start: asking again would cost a short shard a Redis and a storage
@@ -132,12 +134,13 @@ def run_records(
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be at least 1, not {micro_batch_size}")
-    sorting = bool(getattr(engine, "pads_to_longest", False))
+    sort_key = _window_sort_key(engine, params)
+    sorting = sort_key is not None
     window = micro_batch_size * (LENGTH_SORT_WINDOW if sorting else 1)
     done = errors = 0
     for window_start in range(0, len(items), window):
         span = items[window_start : window_start + window]
-        order = sorted(range(len(span)), key=lambda index: _length(span[index][1])) if sorting else None
+        order = None if sort_key is None else sorted(range(len(span)), key=lambda index: sort_key(span[index][1]))
         ordered = span if order is None else [span[index] for index in order]
         ran: list[RecordResult] = []
         for start in range(0, len(ordered), micro_batch_size):
@@ -160,6 +163,22 @@ def run_records(
             for position, index in enumerate(order):
                 restored[index] = ran[position]
             yield from restored
+
+
+def _window_sort_key(engine: Engine, params: Mapping[str, Any]) -> Callable[[Any], Any] | None:
+    """How a window of records is ordered before it is cut into micro-batches, if it is."""
+    if getattr(engine, "pads_to_longest", False):
+        return _length
+    shares_prefixes = getattr(engine, "shares_prefixes", None)
+    if shares_prefixes is not None and shares_prefixes(params):
+        return _text
+    return None
+
+
+def _text(value: Any) -> str:
+    """An input as text whose order puts inputs of a common prefix side by side: a prompt itself, a chat's
+    messages as JSON (a system prompt first, then the turns)."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _length(value: Any) -> int:

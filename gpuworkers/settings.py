@@ -45,6 +45,20 @@ CACHE_BUDGET_BYTES = int_var(
     default_text="8 GiB on CPU, 90 % of the GPU's memory on CUDA",
     doc="Bytes the warm model cache may hold.",
 )
+PREFIX_MIN_TOKENS = int_var(
+    "BATCHERY_PREFIX_MIN_TOKENS",
+    32,
+    minimum=0,
+    doc="Fewest prompt tokens the transformers engine computes once for several records that share them "
+    "(rounded up to whole blocks of 16); 0 turns prefix reuse off.",
+)
+PREFIX_CACHE_BYTES = int_var(
+    "BATCHERY_PREFIX_CACHE_BYTES",
+    256 * 1024**2,
+    minimum=0,
+    doc="Bytes of shared prefixes' KV caches the transformers engine keeps for later micro-batches and shards "
+    "(least recently used out first); 0 shares a prefix within a micro-batch only.",
+)
 METRICS_PORT = int_var("BATCHERY_METRICS_PORT", 9310, minimum=0, doc="The launcher's /metrics port; 0 serves none.")
 METRICS_ADDRESS = str_var("BATCHERY_METRICS_ADDRESS", "0.0.0.0", doc="The address the launcher's /metrics listens on.")
 METRICS_DIR = str_var(
@@ -112,6 +126,16 @@ def apply_torch_threads() -> None:
 def micro_batch_size() -> int:
     """Records per micro-batch handed to an engine (``BATCHERY_MICRO_BATCH_SIZE``)."""
     return MICRO_BATCH_SIZE.read()
+
+
+def prefix_min_tokens() -> int:
+    """Fewest shared prompt tokens worth computing once (``BATCHERY_PREFIX_MIN_TOKENS``); 0: no reuse."""
+    return PREFIX_MIN_TOKENS.read()
+
+
+def prefix_cache_bytes() -> int:
+    """Bytes of prefix KV caches an engine keeps across micro-batches (``BATCHERY_PREFIX_CACHE_BYTES``)."""
+    return PREFIX_CACHE_BYTES.read()
 
 
 def cache_budget_bytes(device: str) -> int:

@@ -55,6 +55,15 @@ class PadsToLongest(Protocol):
     pads_to_longest: bool
 
 
+class SharesPrefixes(Protocol):
+    """An engine that computes a prompt prefix shared by several inputs of a micro-batch once (the
+    transformers engine's prefix reuse): `gpuworkers.batching` sorts a window of several micro-batches by
+    their inputs' text, so that inputs sharing a prefix run together, when ``shares_prefixes(params)``."""
+
+    def shares_prefixes(self, params: Mapping[str, Any]) -> bool:
+        """Whether inputs run with ``params`` gain from sharing a micro-batch with those of the same prefix."""
+
+
 def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = True) -> list[str | None]:
     """`LengthLimited.too_long`'s answer for inputs of these token counts against a limit (None: no limit)."""
     hint = " (truncate: true cuts it to fit)" if truncatable else ""

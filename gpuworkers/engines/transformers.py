@@ -3,10 +3,11 @@
 Task ``generate`` takes a prompt string; task ``chat`` takes an OpenAI-style list of messages
 (``{"role", "content"}``, string content), rendered into a prompt by the tokenizer's chat template with
 the assistant's generation prompt. Both give ``{"text", "finish_reason": "stop" | "length", "usage":
-{"prompt_tokens", "completion_tokens"}}``, as the vllm engine does, and ``stop_sequence``, the stop string
-that ended the text, where one did. A micro-batch is sorted by prompt
-length and cut into sub-batches of ``batch_size`` prompts, so that each sub-batch pads little;
-responses come back in input order.
+{"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens"}}}``, as the vllm engine
+does, and ``stop_sequence``, the stop string that ended the text, where one did. Prompts of a micro-batch
+that share a long prefix continue its KV cache, computed once (`gpuworkers.engines.prefix_reuse`); each
+group, and the other prompts, are sorted by length and cut into sub-batches of ``batch_size`` prompts, so
+that each sub-batch pads little; responses come back in input order.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gpuworkers import settings
 from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError
 from gpuworkers.engines.lora import LoraAdapters
 from gpuworkers.engines.messages import require_messages
+from gpuworkers.engines.prefix_reuse import PrefixKV, PrefixPlan, PrefixReuse, no_prefixes, prefixed_inputs, sub_batches
 from gpuworkers.engines.sampling import ParamError, check_bound, is_int, structured_output
 from gpuworkers.engines.torch_memory import TorchModelHolder, module_bytes
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
@@ -53,6 +55,7 @@ class GenerationParams:
             "logprobs",
             "response_format",
             "truncate",
+            "prefix_reuse",
         }
     )
     """The request fields this engine reads; ``n``, ``logprobs`` and ``response_format`` only at the values
@@ -73,6 +76,9 @@ class GenerationParams:
     truncate: bool = False
     """A prompt too long for the context keeps its last tokens, leaving room for ``max_tokens``; otherwise it
     is refused."""
+    prefix_reuse: bool = True
+    """Prompts sharing a long prefix have its KV cache computed once (`gpuworkers.engines.prefix_reuse`);
+    false computes every prompt whole, as a baseline to measure against."""
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> GenerationParams:
@@ -98,9 +104,11 @@ class GenerationParams:
             stop=tuple(stop),
             batch_size=params.get("batch_size") or 32,
             truncate=params.get("truncate") is True,
+            prefix_reuse=params.get("prefix_reuse") is not False,
         )
-        if params.get("truncate") not in (None, True, False):
-            raise ParamError("truncate", f"truncate must be true or false, not {params['truncate']!r}")
+        for name in ("truncate", "prefix_reuse"):
+            if params.get(name) not in (None, True, False):
+                raise ParamError(name, f"{name} must be true or false, not {params[name]!r}")
         if not is_int(generation.max_tokens) or generation.max_tokens < 1:
             raise ParamError("max_tokens", f"max_tokens must be a positive integer, not {generation.max_tokens!r}")
         check_bound("max_tokens", generation.max_tokens, MAX_OUTPUT_TOKENS.read(), "BATCHERY_MAX_OUTPUT_TOKENS")
@@ -136,9 +144,10 @@ class TransformersEngine(TorchModelHolder):
     Inputs of `run_batch`: prompt strings (task ``generate``) or lists of messages (task ``chat``,
     which needs a tokenizer with a chat template). Params, the same for both tasks: ``max_tokens``
     (16; ``max_completion_tokens`` wins), ``temperature`` (0: greedy), ``top_p`` (1.0), ``seed``, ``stop``
-    (a string or a list of them), ``batch_size`` (prompts per generate call, 32); see `GenerationParams`
-    for what is refused. A record's LoRA adapter (`ADAPTER_PARAM`, set by the slot) runs through
-    `LoraAdapters`: loaded beside the base model on first use, switched per call. Load params: ``dtype`` (``float32``,
+    (a string or a list of them), ``batch_size`` (prompts per generate call, 32), ``prefix_reuse`` (true: a
+    shared prompt prefix is computed once); see `GenerationParams` for what is refused. A record's LoRA
+    adapter (`ADAPTER_PARAM`, set by the slot) runs through `LoraAdapters`: loaded beside the base model on
+    first use, switched per call, its prefixes cached apart from the base model's. Load params: ``dtype`` (``float32``,
     ``float16``, ``bfloat16``); by default float16 on CUDA and float32 on CPU, where half precision is
     slow.
     """
@@ -149,6 +158,7 @@ class TransformersEngine(TorchModelHolder):
         self._model: Any = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._adapters: LoraAdapters | None = None
+        self._prefixes: PrefixReuse | None = None
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -182,6 +192,19 @@ class TransformersEngine(TorchModelHolder):
         if not _eos_token_ids(model, tokenizer):
             raise EngineLoadError(f"{self.spec.name!r} names no end-of-sequence token")
         self._model, self._tokenizer = model, tokenizer
+        if settings.prefix_min_tokens() > 0:
+            self._prefixes = PrefixReuse(
+                model, min_tokens=settings.prefix_min_tokens(), cache_bytes=settings.prefix_cache_bytes()
+            )
+
+    def unload(self) -> None:
+        self._prefixes = None
+        self._adapters = None
+        super().unload()
+
+    def shares_prefixes(self, params: Mapping[str, Any]) -> bool:
+        """Whether records sharing a prompt prefix are worth putting in one micro-batch (`gpuworkers.batching`)."""
+        return self._prefixes is not None and params.get("prefix_reuse") is not False
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         _, tokenizer = self._loaded()
@@ -201,25 +224,32 @@ class TransformersEngine(TorchModelHolder):
         seeded = generation.seed is not None and generation.temperature > 0
         step = 1 if seeded else generation.batch_size
         responses: list[dict[str, Any]] = [{} for _ in items]
-        # Longest first, so that an out-of-memory error, if one comes, comes on the first sub-batch.
-        order = sorted(range(len(items)), key=lambda i: len(token_ids[i]), reverse=True)
         assert self._adapters is not None  # set by load, with the model
-        with self._adapters.active(params.get(ADAPTER_PARAM)) as adapted:
-            for start in range(0, len(order), step):
-                indices = order[start : start + step]
+        adapter = params.get(ADAPTER_PARAM)
+        with self._adapters.active(adapter) as adapted:
+            namespace = "" if adapter is None else f"{adapter['name']}@{adapter['version']}"
+            plan = self._prefix_plan(token_ids, generation, adapted, namespace)
+            for indices, prefix in sub_batches(plan, token_ids, step):
                 if seeded:
                     torch.manual_seed(generation.seed)
-                batch_responses = self._generate(adapted, tokenizer, [token_ids[i] for i in indices], generation)
+                batch_responses = self._generate(
+                    adapted, tokenizer, [token_ids[i] for i in indices], generation, prefix
+                )
                 for index, response in zip(indices, batch_responses, strict=True):
                     responses[index] = response
+        for response, cached in zip(responses, plan.cached_tokens, strict=True):
+            response["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         return responses
+
+    def _prefix_plan(
+        self, token_ids: list[list[int]], generation: GenerationParams, model: Any, namespace: str
+    ) -> PrefixPlan:
+        if self._prefixes is None or not generation.prefix_reuse:
+            return no_prefixes(len(token_ids))
+        return self._prefixes.plan(token_ids, model=model, namespace=namespace)
 
     def memory_bytes(self) -> int:
         return 0 if self._adapters is None else module_bytes(self._adapters.model)
-
-    def unload(self) -> None:
-        self._adapters = None
-        super().unload()
 
     def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
         """For each prompt, why it and ``max_tokens`` overflow the model's context, or None where they fit."""
@@ -286,6 +316,7 @@ class TransformersEngine(TorchModelHolder):
         tokenizer: PreTrainedTokenizerBase,
         token_ids: list[list[int]],
         generation: GenerationParams,
+        prefix: PrefixKV | None = None,
     ) -> list[dict[str, Any]]:
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
@@ -302,13 +333,17 @@ class TransformersEngine(TorchModelHolder):
             config.temperature = generation.temperature
             config.top_p = generation.top_p
             config.top_k = 0
-        padded = tokenizer.pad({"input_ids": token_ids}, padding=True, return_tensors="pt").to(model.device)
-        prompt_width = padded["input_ids"].shape[1]
+        inputs: Mapping[str, Any]
+        if prefix is None:
+            inputs = tokenizer.pad({"input_ids": token_ids}, padding=True, return_tensors="pt").to(model.device)
+        else:
+            inputs = prefixed_inputs(prefix, token_ids, pad_id=tokenizer.pad_token_id, model=model)
+        prompt_width = inputs["input_ids"].shape[1]
         stopping = StoppingCriteriaList()
         if generation.stop:
             stopping.append(_StopStrings(tokenizer, generation.stop, prompt_width))
         with torch.inference_mode():
-            output = model.generate(**padded, generation_config=config, stopping_criteria=stopping)
+            output = model.generate(**inputs, generation_config=config, stopping_criteria=stopping)
         completions = output[:, prompt_width:].tolist()
         return [
             _completion(tokenizer, ids, completion, eos_ids, generation)

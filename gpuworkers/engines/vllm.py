@@ -5,9 +5,11 @@ scheduler then keeps the GPU full across prompts of different lengths, and hands
 input order. The model is tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``).
 
 Responses: tasks ``generate`` and ``chat`` give ``{"text", "finish_reason", "usage": {"prompt_tokens",
-"completion_tokens"}}``, plus ``"logprobs"`` when asked for, ``"stop_sequence"`` where a stop string ended
-the text, and ``"choices"`` (one per sample) when ``n`` > 1; task ``embed`` gives ``{"embedding": float32
-ndarray, "usage": {"prompt_tokens"}}``.
+"completion_tokens", "prompt_tokens_details": {"cached_tokens"}}}`` (the prompt tokens vLLM's automatic
+prefix caching served, which generation keeps on unless the catalog's load params say otherwise), plus
+``"logprobs"`` when asked for, ``"stop_sequence"`` where a stop string ended the text, and ``"choices"``
+(one per sample) when ``n`` > 1; task ``embed`` gives ``{"embedding": float32 ndarray, "usage":
+{"prompt_tokens"}}``.
 
 Mapping OpenAI's request fields to vLLM's ``SamplingParams`` (`sampling_kwargs`) and shaping vLLM's
 outputs (`completion_response`, `embedding_response`) are pure functions, tested where vLLM cannot
@@ -104,6 +106,10 @@ class VllmEngine:
         }
         if self.spec.task == "embed":
             kwargs.update(embed_runner_kwargs(_parameter_names(vllm.LLM)))
+        else:
+            # vLLM's default (V1) already, said here so that no version's default turns it off: records sharing
+            # a system prompt or few-shot preamble have it computed once. A catalog entry may still say false.
+            kwargs["enable_prefix_caching"] = True
         kwargs.update(engine_kwargs(self.spec.load_params))
         kwargs["model"] = str(resolve_model_source(self.spec.source))
         # Found before the model loads: a name vLLM does not know fails at once, holding no GPU memory.
@@ -385,6 +391,10 @@ def completion_response(output: Any, *, top_logprobs: int | None = None) -> dict
         "prompt_tokens": len(output.prompt_token_ids or ()),
         "completion_tokens": sum(len(sample.token_ids) for sample in samples),
     }
+    cached = getattr(output, "num_cached_tokens", None)
+    if cached is not None:
+        # OpenAI's shape; a vLLM that does not count them (before V1) reports nothing rather than a zero.
+        response["usage"]["prompt_tokens_details"] = {"cached_tokens": int(cached)}
     if len(choices) > 1:
         response["choices"] = choices
     return response

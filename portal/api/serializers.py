@@ -430,6 +430,7 @@ class JobUsageSerializer(serializers.ModelSerializer):
             "records_failed",
             "prompt_tokens",
             "completion_tokens",
+            "cached_prompt_tokens",
             "gpu_seconds",
             "recorded_at",
             "adapters",
@@ -444,6 +445,9 @@ class PeriodUsageSerializer(serializers.Serializer):
     records_failed = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
+    cached_prompt_tokens = serializers.IntegerField(
+        help_text="Of the prompt tokens, those a shared prefix's cache served."
+    )
     gpu_seconds = serializers.FloatField()
 
 

@@ -107,6 +107,7 @@ def _success_values(manifest: ShardManifest) -> dict[str, Any]:
         "failed_records": manifest.failed,
         "prompt_tokens": manifest.prompt_tokens,
         "completion_tokens": manifest.completion_tokens,
+        "cached_prompt_tokens": manifest.cached_prompt_tokens,
         "worker": manifest.worker,
         "worker_pid": manifest.pid,
         "cache_hit": manifest.cache_hit,

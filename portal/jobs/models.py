@@ -199,6 +199,9 @@ class Shard(models.Model):
     failed_records = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    cached_prompt_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="Of the prompt tokens, those served from a shared prefix's cache."
+    )
     worker = models.CharField(max_length=200, blank=True)
     worker_pid = models.PositiveIntegerField(null=True, blank=True)
     cache_hit = models.BooleanField(null=True, blank=True)
@@ -256,6 +259,9 @@ class JobUsage(models.Model):
     records_failed = models.PositiveBigIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    cached_prompt_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="Of the prompt tokens, those served from a shared prefix's cache."
+    )
     gpu_seconds = models.FloatField(default=0.0, help_text="Shard load and compute time times GPUs per replica.")
     recorded_at = models.DateTimeField()
 

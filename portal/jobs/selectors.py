@@ -87,7 +87,8 @@ def job_output_file(job: Job) -> tuple[str, str]:
 
 
 def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
-    """Ledger lines summed per month, newest first: jobs, records, tokens in and out, GPU-seconds."""
+    """Ledger lines summed per month, newest first: jobs, records, tokens in (and of them cached) and out,
+    GPU-seconds."""
     return (
         usage.order_by()
         .values("period")
@@ -97,6 +98,7 @@ def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
             records_failed=Sum("records_failed"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
+            cached_prompt_tokens=Sum("cached_prompt_tokens"),
             gpu_seconds=Sum("gpu_seconds"),
         )
         .order_by("-period")

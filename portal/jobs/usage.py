@@ -30,6 +30,7 @@ def usage_record(*, job: Job) -> float:
     sums = job.shards.aggregate(
         prompt=Coalesce(Sum("prompt_tokens"), 0),
         completion=Coalesce(Sum("completion_tokens"), 0),
+        cached=Coalesce(Sum("cached_prompt_tokens"), 0),
         compute=Coalesce(Sum("compute_seconds"), 0.0),
         load=Coalesce(Sum("load_seconds"), 0.0),
     )
@@ -44,6 +45,7 @@ def usage_record(*, job: Job) -> float:
         records_failed=job.failed_records,
         prompt_tokens=sums["prompt"],
         completion_tokens=sums["completion"],
+        cached_prompt_tokens=sums["cached"],
         gpu_seconds=(sums["compute"] + sums["load"]) * job.model.gpus_per_replica,
         recorded_at=ended,
     )

@@ -76,18 +76,25 @@ def _usage(job: Job | None) -> dict[str, Any] | None:
     if job is None:
         return None
     if job.is_finished:
-        ledger = JobUsage.objects.filter(job=job).values_list("prompt_tokens", "completion_tokens").first()
+        ledger = (
+            JobUsage.objects.filter(job=job)
+            .values_list("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+            .first()
+        )
         if ledger is None:
             return None
-        input_tokens, output_tokens = ledger
+        input_tokens, output_tokens, cached_tokens = ledger
     else:
         totals = job.shards.aggregate(
-            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0), completion_tokens=Coalesce(Sum("completion_tokens"), 0)
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
+            cached_prompt_tokens=Coalesce(Sum("cached_prompt_tokens"), 0),
         )
         input_tokens, output_tokens = int(totals["prompt_tokens"]), int(totals["completion_tokens"])
+        cached_tokens = int(totals["cached_prompt_tokens"])
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,

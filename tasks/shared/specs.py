@@ -99,6 +99,9 @@ class ShardManifest:
     """The attempt's rows as a Parquet piece (`tasks.shared.formats.parquet_pieces`), which the merge of a
     Parquet output concatenates; empty where none was written (JSONL output, a worker from before
     pieces, rows Parquet cannot hold), and the merge then converts the JSONL."""
+    cached_prompt_tokens: int = 0
+    """Of ``prompt_tokens``, those served from a prefix cache (another record computed them): OpenAI's
+    ``cached_tokens``, summed."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

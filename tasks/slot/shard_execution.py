@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
 from functools import partial
 from types import TracebackType
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 from celery.exceptions import SoftTimeLimitExceeded
@@ -80,6 +80,8 @@ class OutputLine(NamedTuple):
     completion_tokens: int
     result: RecordResult | None = None
     """The record as the engine gave it (an embedding still its array), for the Parquet piece."""
+    cached_prompt_tokens: int = 0
+    """Of the prompt tokens, those a prefix cache served (usage's ``prompt_tokens_details.cached_tokens``)."""
 
 
 def _output_line(result: RecordResult) -> bytes:
@@ -250,6 +252,7 @@ def _run_attempt(
         model_loads=process_cache().loads_of(spec.model.cache_key),
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
+        cached_prompt_tokens=counts["cached_prompt_tokens"],
         error_codes=dict(error_codes),
         adapter_usage=tally.usage,
     )
@@ -289,6 +292,7 @@ def _from_results(results: Iterable[RecordResult]) -> Iterator[OutputLine]:
             int(usage.get("prompt_tokens", 0)),
             int(usage.get("completion_tokens", 0)),
             result,
+            cached_tokens(usage),
         )
 
 
@@ -299,7 +303,13 @@ def _from_lines(lines: Iterable[bytes]) -> Iterator[OutputLine]:
         error_code = str((record["error"] or {}).get("code", "error")) if "error" in record else None
         result = RecordResult(record["custom_id"], record.get("response"), record.get("error"))
         tokens = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-        yield OutputLine(line, error_code, *tokens, result)
+        yield OutputLine(line, error_code, *tokens, result, cached_tokens(usage))
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """A response's prompt tokens served from a prefix cache (OpenAI's ``prompt_tokens_details``); 0 where
+    its engine reports none."""
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def _write_outputs(
@@ -317,7 +327,7 @@ def _write_outputs(
     `lines` runs the model as it is consumed; the writes go to storage on a thread (`_BlockWriter`),
     so an S3 part upload does not hold up the next micro-batch.
     """
-    counts = {"records": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    counts = {"records": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0}
     error_codes: Counter[str] = Counter()
     with (
         store.open_write(output_uri) as output,
@@ -332,6 +342,7 @@ def _write_outputs(
             counts["records"] += 1
             counts["prompt_tokens"] += line.prompt_tokens
             counts["completion_tokens"] += line.completion_tokens
+            counts["cached_prompt_tokens"] += line.cached_prompt_tokens
             if line.error_code is not None:
                 counts["failed"] += 1
                 error_codes[line.error_code] += 1

@@ -120,3 +120,19 @@ def test_an_adapter_without_safetensors_weights_fails_its_records_alone(tiny: di
     assert good.response is not None
     assert bad.error is not None and bad.error["code"] == ENGINE_ERROR
     assert "only safetensors" in bad.error["message"]
+
+
+def test_a_shared_prefix_is_computed_apart_under_each_adapter_and_answers_as_without_reuse(
+    tiny: dict[str, Path],
+) -> None:
+    preamble = "You are a terse assistant. Answer in a few words only. "
+    prompts = [preamble + question for question in ("Why?", "How so?", "When?")]
+    engine = TransformersEngine(_spec(tiny["base"]))
+    engine.load(device="cpu")
+    for adapter in (_adapter(tiny["alpha"], "alpha"), None, _adapter(tiny["beta"], "beta")):
+        params = {**GREEDY, ADAPTER_PARAM: adapter}
+        reused = engine.run_batch(prompts, params)
+        plain = engine.run_batch(prompts, {**params, "prefix_reuse": False})
+        assert [response["text"] for response in reused] == [response["text"] for response in plain]
+        cached = [response["usage"]["prompt_tokens_details"]["cached_tokens"] for response in reused]
+        assert cached[0] == 0 and min(cached[1:]) >= 48, "the first of each adapter computes the preamble"

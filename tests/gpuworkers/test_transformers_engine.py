@@ -152,7 +152,7 @@ def test_generation_ends_at_the_end_of_sequence_token_and_counts_it(engine: Tran
     assert response == {
         "text": full["text"][:k],
         "finish_reason": "stop",
-        "usage": {"prompt_tokens": 5, "completion_tokens": k + 1},
+        "usage": {"prompt_tokens": 5, "completion_tokens": k + 1, "prompt_tokens_details": {"cached_tokens": 0}},
     }
 
 
@@ -226,7 +226,7 @@ def test_each_chat_gets_one_completion_shaped_like_a_generated_one(chat_engine: 
         assert set(response) == {"text", "finish_reason", "usage"}
         assert isinstance(response["text"], str) and response["text"]
         assert response["finish_reason"] in ("stop", "length")
-        assert set(response["usage"]) == {"prompt_tokens", "completion_tokens"}
+        assert set(response["usage"]) == {"prompt_tokens", "completion_tokens", "prompt_tokens_details"}
 
 
 def test_chat_prompt_tokens_are_the_tokens_of_the_rendered_template(chat_engine: TransformersEngine) -> None:

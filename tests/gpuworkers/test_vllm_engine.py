@@ -167,8 +167,19 @@ def test_load_builds_one_llm_over_the_slots_gpus_with_the_catalogs_arguments(
         "max_model_len": None,
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
         "enforce_eager": True,
+        "enable_prefix_caching": True,
         "disable_log_stats": False,
     }
+
+
+def test_prefix_caching_is_on_for_generation_unless_the_catalog_turns_it_off(
+    fake_vllm: types.ModuleType, tmp_path: Path
+) -> None:
+    _, embedding = loaded(vllm_spec(tmp_path, task="embed"))
+    _, off = loaded(vllm_spec(tmp_path, load_params={"enable_prefix_caching": False}))
+
+    assert "enable_prefix_caching" not in embedding.kwargs
+    assert off.kwargs["enable_prefix_caching"] is False
 
 
 def test_an_embedding_model_is_loaded_with_the_pooling_runner(fake_vllm: types.ModuleType, tmp_path: Path) -> None:

@@ -155,6 +155,16 @@ def test_a_sample_ended_by_a_stop_string_names_it_and_one_ended_by_a_stop_token_
     assert "stop_sequence" not in completion_response(by_token)
 
 
+def test_the_prompt_tokens_vllm_served_from_its_prefix_cache_are_reported_as_cached_tokens() -> None:
+    output = RequestOutput([1, 2, 3], [CompletionOutput(0, "a", [7], finish_reason="stop")], num_cached_tokens=2)
+
+    assert completion_response(output)["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+
+
 def test_several_samples_are_all_in_choices_and_all_their_tokens_are_counted() -> None:
     output = RequestOutput(
         [1, 2],

@@ -35,12 +35,13 @@ def _char_tokenizer() -> Any:
     return tokenizer
 
 
-def build_tiny_causal_lm(directory: Path) -> Path:
+def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: int = 2, n_embd: int = 32) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
     The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
     about and every generated token decodes to readable text; it has a chat template too
-    (`TINY_CHAT_TEMPLATE`), for task ``chat``.
+    (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens;
+    ``n_layer`` and ``n_embd`` its depth and width (smaller runs a long prompt faster).
     """
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -48,10 +49,10 @@ def build_tiny_causal_lm(directory: Path) -> Path:
     tokenizer = _char_tokenizer()
     config = GPT2Config(
         vocab_size=len(tokenizer),
-        n_layer=2,
-        n_head=2,
-        n_embd=32,
-        n_positions=128,
+        n_layer=n_layer,
+        n_head=1 if n_embd < 32 else 2,
+        n_embd=n_embd,
+        n_positions=n_positions,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         # Wide initial weights give peaked logits, so greedy decoding has no near-ties that

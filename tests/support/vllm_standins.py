@@ -42,6 +42,7 @@ class CompletionOutput:
 class RequestOutput:
     prompt_token_ids: list[int] | None
     outputs: list[CompletionOutput]
+    num_cached_tokens: int | None = None
 
 
 @dataclass

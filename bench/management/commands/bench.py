@@ -9,6 +9,8 @@ merging, each in its own process (see `bench.plan_merge`), and the merge of a Pa
 100,000 embeddings from the JSONL and from shard pieces (`--parquet-records`, `bench.parquet`). The
 database's size per million finished shards, and the retention sweep that removes them, close the
 whole-stack half (`--retention-shards`, `bench.retention`). `--skip-io` and `--only-io` run one half.
+Last, chat lines sharing long system prompts with the transformers engine's prefix reuse off and on
+(`--prefix-lines`, `bench.prefix`; `--only-prefix` runs it alone).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from bench.job import timed_job
 from bench.metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from bench.parquet import render_parquet, run_parquet_bench
 from bench.plan_merge import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
+from bench.prefix import render_prefix, run_prefix_bench
 from bench.reconcile import render_reconcile, run_reconcile_bench
 from bench.retention import render_retention, run_retention_bench
 from bench.scheduler_scale import render_scheduler, run_scheduler_bench
@@ -217,11 +220,21 @@ class Command(BaseCommand):
             default=100_000,
             help="embeddings of the Parquet output merge, from the JSONL and from pieces (0: skip)",
         )
+        parser.add_argument(
+            "--prefix-lines",
+            type=int,
+            default=2_000,
+            help="chat lines sharing 20 system prompts, run with prefix reuse off and on (0: skip)",
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
+        halves.add_argument("--only-prefix", action="store_true", help="only the prefix reuse benchmark")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["only_prefix"]:
+            self.stdout.write(render_prefix(run_prefix_bench(lines=options["prefix_lines"])))
+            return
         call_command("migrate", verbosity=0)
         if not options["only_io"]:
             with shared_broker():
@@ -251,6 +264,9 @@ class Command(BaseCommand):
             if options["parquet_records"]:
                 self.stdout.write("")
                 self.stdout.write(render_parquet(run_parquet_bench(records=options["parquet_records"])))
+        if options["prefix_lines"]:
+            self.stdout.write("")
+            self.stdout.write(render_prefix(run_prefix_bench(lines=options["prefix_lines"])))
 
     def metrics_bench(self, options: dict[str, Any]) -> None:
         count = options["metrics_sentences"]

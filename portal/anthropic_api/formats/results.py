@@ -68,6 +68,8 @@ def _succeeded(response: Mapping[str, Any], ident: str, model: str) -> dict[str,
     stop_sequence = response.get("stop_sequence") if finish_reason == "stop" else None
     stop_reason = "stop_sequence" if stop_sequence is not None else STOP_REASONS.get(finish_reason, "end_turn")
     usage = response["usage"]
+    # Anthropic counts the prompt tokens read from a cache apart from the input tokens computed.
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     return {
         "type": "succeeded",
         "message": {
@@ -79,11 +81,12 @@ def _succeeded(response: Mapping[str, Any], ident: str, model: str) -> dict[str,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": {
-                "input_tokens": int(usage["prompt_tokens"]),
+                "input_tokens": int(usage["prompt_tokens"]) - cached,
                 "output_tokens": int(usage["completion_tokens"]),
-                # No prompt cache here: zeros, not absent fields, so that clients summing them need no special case.
+                # A shared prefix is computed by the first record that needs it, not written by a request: no
+                # creation counted apart, a zero rather than an absent field.
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": cached,
                 "service_tier": "batch",
             },
         },

@@ -177,9 +177,10 @@ def _response_body(task: str, response: Mapping[str, Any], model: str, created: 
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            # No prompt cache discount, audio, reasoning or predicted outputs here: OpenAI's zeros, not absent
-            # fields, so that clients summing them need no special case.
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            # The prompt tokens a shared prefix's cache served, as the engine counted them; no audio, reasoning
+            # or predicted outputs here: OpenAI's zeros, not absent fields, so that clients summing them need
+            # no special case.
+            "prompt_tokens_details": {"cached_tokens": _cached_tokens(usage), "audio_tokens": 0},
             "completion_tokens_details": {
                 "reasoning_tokens": 0,
                 "audio_tokens": 0,
@@ -188,6 +189,10 @@ def _response_body(task: str, response: Mapping[str, Any], model: str, created: 
             },
         },
     }
+
+
+def _cached_tokens(usage: Mapping[str, Any]) -> int:
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def _scores_moderation(response: Mapping[str, Any]) -> bool:
@@ -244,7 +249,7 @@ def _responses_body(response: Mapping[str, Any], model: str, created: int, ident
         "truncation": "disabled",
         "usage": {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": _cached_tokens(response["usage"]), "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,

@@ -32,6 +32,19 @@ def test_a_reply_is_a_succeeded_message_of_text_with_usage() -> None:
     assert message["usage"]["input_tokens"] == 7 and message["usage"]["output_tokens"] == 3
 
 
+def test_prompt_tokens_served_from_a_shared_prefix_are_cache_reads_not_input_tokens() -> None:
+    usage = {**USAGE, "prompt_tokens_details": {"cached_tokens": 5}}
+    line = result({"custom_id": "a", "response": {"text": "Hi.", "finish_reason": "stop", "usage": usage}})
+
+    counted = line["result"]["message"]["usage"]
+    assert (counted["input_tokens"], counted["cache_read_input_tokens"], counted["output_tokens"]) == (2, 5, 3)
+
+
+def test_a_record_that_ran_with_an_adapter_names_it_as_the_messages_model() -> None:
+    response = {"text": "Hi.", "finish_reason": "stop", "usage": USAGE, "model": "support-bot@2"}
+    assert result({"custom_id": "a", "response": response})["result"]["message"]["model"] == "support-bot@2"
+
+
 def test_stop_reasons_follow_the_engines_finish_reason_and_stop_sequence() -> None:
     def reason(response: dict[str, Any]) -> tuple[str, str | None]:
         message = result({"custom_id": "a", "response": {"text": "x", "usage": USAGE, **response}})["result"]["message"]

@@ -147,6 +147,17 @@ ZERO_DETAILS = {
 }
 
 
+def test_the_prompt_tokens_a_prefix_cache_served_are_the_chat_completions_cached_tokens() -> None:
+    usage = {"prompt_tokens": 1030, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1008}}
+    record = {"custom_id": "a", "response": {"text": "Hi", "finish_reason": "stop", "usage": usage}}
+
+    [line] = convert_out([record], endpoint=CHAT).lines("output")
+
+    parsed = ChatCompletion.model_validate(line["response"]["body"])
+    assert parsed.usage is not None and parsed.usage.prompt_tokens_details is not None
+    assert (parsed.usage.prompt_tokens, parsed.usage.prompt_tokens_details.cached_tokens) == (1030, 1008)
+
+
 def test_chat_responses_become_chat_completions() -> None:
     converted = convert_out(
         [generated("a", "Hello!")], endpoint=CHAT, system_fingerprint=system_fingerprint("vllm", "my-model", "3")

@@ -35,7 +35,13 @@ def test_lines_are_written_in_order_across_many_blocks(tmp_path: Path, monkeypat
 
     assert (tmp_path / "out.jsonl").read_bytes() == b"".join(line.data for line in lines)
     assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(line.data for line in lines if line.error_code)
-    assert counts == {"records": 1000, "failed": 334, "prompt_tokens": 2000, "completion_tokens": 1000}
+    assert counts == {
+        "records": 1000,
+        "failed": 334,
+        "prompt_tokens": 2000,
+        "completion_tokens": 1000,
+        "cached_prompt_tokens": 0,
+    }
     assert codes == {"bad_input": 334}
 
 
