@@ -29,6 +29,7 @@ from portal.catalog.adapter_files import (
 )
 from portal.catalog.models import Adapter, Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
+from portal.jobs.models import FINAL_STATUSES, Job
 from portal.tenancy.models import Tenant
 from tasks.shared.storage import StorageError, join_uri, store_for
 
@@ -135,8 +136,23 @@ def adapter_register(
         raise
 
 
+class AdapterInUse(Exception):
+    """The adapter is named by jobs that have not ended: deleting its files would fail their records."""
+
+
 def adapter_delete(adapter: Adapter) -> None:
-    """Delete a tenant's adapter and its files; jobs that ran it keep their outputs and their ledger lines."""
+    """Delete a tenant's adapter and its files; jobs that ran it keep their outputs and their ledger lines.
+
+    Raises `AdapterInUse` while a job of its tenant that has not ended names it."""
+    using = (
+        Job.objects.filter(tenant=adapter.owner, adapters__has_key=adapter.name)
+        .exclude(status__in=FINAL_STATUSES)
+        .count()
+    )
+    if using:
+        raise AdapterInUse(
+            f"adapter {adapter.name!r} is named by {using} job(s) that have not ended; cancel them or wait for them"
+        )
     source = adapter.source
     adapter.delete()
     if source.startswith(settings.BATCHERY_STORAGE_URL):

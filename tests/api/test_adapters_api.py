@@ -204,3 +204,19 @@ def test_an_adapter_over_the_size_bound_or_of_a_model_that_serves_none_is_refuse
     assert taken["message"] == "'tiny-chat' is a model's name; an adapter needs a name of its own"
     assert not Adapter.objects.exists()
     assert _stored_adapters(acme) == []
+
+
+def test_an_adapter_a_job_that_has_not_ended_names_cannot_be_deleted(
+    caller: Callable[..., Caller], lora_dir: Path, write_jsonl: Callable[..., Path]
+) -> None:
+    acme = caller("acme")
+    created = _upload(acme, lora_dir).json()
+    lines = write_jsonl([{"custom_id": "a", "model": "support-bot", "messages": [{"role": "user", "content": "Hi"}]}])
+    assert _submit(acme, "tiny-chat", lines).status_code == 201
+
+    refused = acme.client.delete(f"/api/v1/adapters/{created['id']}/")
+
+    assert refused.status_code == 409
+    assert "named by 1 job(s) that have not ended" in refused.json()["error"]["message"]
+    assert Adapter.objects.filter(pk=created["id"]).exists()
+    assert len(_stored_adapters(acme)) == 2

@@ -35,6 +35,18 @@ def _char_tokenizer() -> Any:
     return tokenizer
 
 
+def _saved(model_class: Any, config: Any, tokenizer: Any, directory: Path) -> Path:
+    """A model of ``config``, its weights drawn from a fixed seed, saved with ``tokenizer`` into ``directory``."""
+    import torch
+
+    torch.manual_seed(0)
+    model = model_class(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: int = 2, n_embd: int = 32) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
@@ -43,7 +55,6 @@ def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: in
     (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens;
     ``n_layer`` and ``n_embd`` its depth and width (smaller runs a long prompt faster).
     """
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = _char_tokenizer()
@@ -59,18 +70,12 @@ def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: in
         # padding's rounding differences could flip.
         initializer_range=0.5,
     )
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return _saved(GPT2LMHeadModel, config, tokenizer, directory)
 
 
 def build_tiny_llama(directory: Path) -> Path:
     """A two-layer Llama of `build_tiny_causal_lm`'s tokenizer: the shape vLLM serves LoRA adapters on (its
     GPT-2 takes none)."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = _char_tokenizer()
@@ -86,12 +91,7 @@ def build_tiny_llama(directory: Path) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         initializer_range=0.5,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return _saved(LlamaForCausalLM, config, tokenizer, directory)
 
 
 def build_tiny_classifier(directory: Path, labels: list[str], *, max_positions: int = 64) -> Path:
