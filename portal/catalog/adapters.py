@@ -159,21 +159,40 @@ def adapter_delete(adapter: Adapter) -> None:
         store_for(source).delete_prefix(source)
 
 
+def adapter_base_problem(model: Model) -> str | None:
+    """Why adapters cannot run on ``model``; None when it serves them."""
+    if model.engine not in Adapter.ENGINES or model.task not in Adapter.TASKS:
+        return (
+            f"model {model.name!r} (engine {model.engine}, task {model.task}) does not serve adapters; "
+            "adapters run on generate and chat models of the transformers and vllm engines"
+        )
+    if model.engine == Model.Engine.VLLM and not model.load_params.get("enable_lora"):
+        return (
+            f"model {model.name!r} is served by vLLM without LoRA; an operator enables it with the load param "
+            "enable_lora"
+        )
+    return None
+
+
+def adapter_base_models(tenant: Tenant) -> list[Model]:
+    """The models a tenant may register adapters on, sorted by name: for each name it may use, the version
+    `adapter_register` would check an upload against (the newest enabled one), where that one serves adapters."""
+    allowed = models_for_tenant(tenant)
+    found = []
+    for name in sorted(set(allowed.values_list("name", flat=True))):
+        model = newest_enabled_model(name)
+        if model is not None and adapter_base_problem(model) is None and allowed.filter(pk=model.pk).exists():
+            found.append(model)
+    return found
+
+
 def _base_model(tenant: Tenant, name: str) -> Model:
     model = newest_enabled_model(name)
     if model is None or not models_for_tenant(tenant).filter(pk=model.pk).exists():
         raise AdapterRefused(f"no enabled model named {name!r} that this tenant may use", field="base_model")
-    if model.engine not in Adapter.ENGINES or model.task not in Adapter.TASKS:
-        raise AdapterRefused(
-            f"model {name!r} (engine {model.engine}, task {model.task}) does not serve adapters; "
-            "adapters run on generate and chat models of the transformers and vllm engines",
-            field="base_model",
-        )
-    if model.engine == Model.Engine.VLLM and not model.load_params.get("enable_lora"):
-        raise AdapterRefused(
-            f"model {name!r} is served by vLLM without LoRA; an operator enables it with the load param enable_lora",
-            field="base_model",
-        )
+    problem = adapter_base_problem(model)
+    if problem:
+        raise AdapterRefused(problem, field="base_model")
     return model
 
 

@@ -7,9 +7,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 
-from portal.jobs.models import SCHEDULABLE, Job, JobUsage, Shard
+from portal.jobs.models import SCHEDULABLE, Job, JobAdapterUsage, JobUsage, Shard
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from tasks.shared.config import queue_readings
 from tasks.shared.progress import Progress, read_job_progress, read_jobs_progress
@@ -102,4 +102,21 @@ def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
             gpu_seconds=Sum("gpu_seconds"),
         )
         .order_by("-period")
+    )
+
+
+def adapter_usage_per_month(lines: QuerySet[JobAdapterUsage]) -> QuerySet[Any, Any]:
+    """Ledger lines' per-adapter splits summed per month and name (``name@version``, or the base model's
+    name), newest month first: jobs, records, tokens in and out."""
+    return (
+        lines.order_by()
+        .values("name", period=F("usage__period"))
+        .annotate(
+            jobs=Count("usage"),
+            records_succeeded=Sum("records_succeeded"),
+            records_failed=Sum("records_failed"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+        )
+        .order_by("-period", "name")
     )

@@ -54,6 +54,10 @@ class PortalAccess:
         return self.allows(Membership.Role.MEMBER)
 
     @property
+    def can_manage_adapters(self) -> bool:
+        return self.allows(Membership.Role.MEMBER)
+
+    @property
     def can_manage_keys(self) -> bool:
         return self.allows(Membership.Role.ADMIN)
 

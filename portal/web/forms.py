@@ -9,6 +9,7 @@ from django import forms
 from django.conf import settings
 from django.db.models import QuerySet
 
+from portal.catalog.adapter_files import CONFIG_FILE, WEIGHTS_FILE
 from portal.catalog.models import Model
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import OUTPUT_FORMATS
@@ -146,3 +147,33 @@ class WebhookEndpointForm(forms.Form):
         initial=list(EVENT_TYPES),
         widget=forms.CheckboxSelectMultiple,
     )
+
+
+class AdapterForm(forms.Form):
+    """A LoRA adapter to register: its name, the base model it adapts, and PEFT's two files.
+
+    Only the shape is checked here; `adapter_register` checks the files against the base model and refuses
+    the upload whole, naming the field at fault.
+    """
+
+    name = forms.CharField(
+        label="Name",
+        max_length=100,
+        help_text="How jobs and records name it, in place of a model.",
+        widget=forms.TextInput(attrs={"placeholder": "e.g. support-bot"}),
+    )
+    base_model = forms.ChoiceField(label="Base model")
+    version = forms.CharField(label="Version", max_length=50, initial="1")
+    description = forms.CharField(
+        label="Description", required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+    )
+    adapter_config = forms.FileField(label=CONFIG_FILE, help_text="PEFT's LoRA config.")
+    adapter_model = forms.FileField(label=WEIGHTS_FILE, help_text="The LoRA weights; no other format is taken.")
+
+    def __init__(self, *args: Any, base_models: list[Model], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["base_model"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(model.name, f"{model.name} · v{model.version} · {model.task}") for model in base_models]
+        self.fields["adapter_config"].widget.attrs["accept"] = ".json,application/json"
+        self.fields["adapter_model"].widget.attrs["accept"] = ".safetensors"

@@ -19,9 +19,15 @@ from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from portal.jobs.models import Job, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
+from portal.jobs.models import Job, JobAdapterUsage, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
-from portal.jobs.selectors import JobProgress, job_progress, job_steps, usage_per_month
+from portal.jobs.selectors import (
+    JobProgress,
+    adapter_usage_per_month,
+    job_progress,
+    job_steps,
+    usage_per_month,
+)
 from portal.ops.selectors import ClassSummary, fleet_classes, fleet_slots
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.leases import shard_lease_key
@@ -145,6 +151,37 @@ def quota_use(tenant: Tenant) -> QuotaUse:
 def usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:
     """The tenant's ledger summed per month, newest first."""
     return [dict(row) for row in usage_per_month(JobUsage.objects.filter(tenant=tenant))]
+
+
+def adapter_usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:
+    """The per-adapter split of the tenant's ledger (the base model under its own name) summed per month and
+    name, newest month first."""
+    return [dict(row) for row in adapter_usage_per_month(JobAdapterUsage.objects.filter(usage__tenant=tenant))]
+
+
+@dataclass(frozen=True)
+class JobAdapter:
+    """A LoRA adapter a job runs, as its page shows it."""
+
+    name: str
+    version: str
+    rank: int
+    default: bool
+    """True for the adapter the job itself names; False for one only its records name."""
+
+
+def job_adapters(job: Job) -> list[JobAdapter]:
+    """The adapters the job runs (from `Job.adapters`), the one it names first, then by name."""
+    found = [
+        JobAdapter(
+            name=str(entry["spec"]["name"]),
+            version=str(entry["spec"]["version"]),
+            rank=int(entry["spec"]["rank"]),
+            default=bool(entry.get("default")),
+        )
+        for entry in job.adapters.values()
+    ]
+    return sorted(found, key=lambda adapter: (not adapter.default, adapter.name, adapter.version))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
-from portal.web.views import invitations, jobs, keys, members, pages, webhooks
+from portal.web.views import adapters, invitations, jobs, keys, members, pages, webhooks
 
 pages_patterns: list[URLPattern | URLResolver] = [
     path("", jobs.dashboard, name="dashboard"),
@@ -25,6 +25,9 @@ pages_patterns: list[URLPattern | URLResolver] = [
     path("jobs/<uuid:job_id>/output/partial/", jobs.job_partial_download, name="job-output-partial"),
     path("jobs/<uuid:job_id>/errors/", jobs.job_download, {"name": "errors"}, name="job-errors"),
     path("models/", pages.models, name="models"),
+    path("adapters/", adapters.adapters, name="adapters"),
+    path("adapters/new/", adapters.adapter_upload, name="adapter-upload"),
+    path("adapters/<int:adapter_id>/delete/", adapters.adapter_delete_view, name="adapter-delete"),
     path("fleet/", pages.fleet, name="fleet"),
     path("fleet/live/", pages.fleet_live, name="fleet-live"),
     path("usage/", pages.usage, name="usage"),

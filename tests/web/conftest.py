@@ -1,11 +1,13 @@
-"""Portal test helpers: people with passwords and roles, jobs made directly in the database, and for
-the browser tests a Chromium for the session, a page per test and screenshots under test-artifacts/."""
+"""Portal test helpers: people with passwords and roles, jobs made directly in the database, a tiny chat
+model with a LoRA adapter of it, and for the browser tests a Chromium for the session, a page per test
+and screenshots under test-artifacts/."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, JobStatus
 from portal.tenancy.models import Membership, Tenant
-from tests.factories import MembershipFactory, TenantFactory
+from tests.factories import MembershipFactory, ModelFactory, TenantFactory
 from tests.support.browser import CHROMIUM, browser_page, chromium, chromium_available
 from tests.support.throttles import throttle_counts_clear
+from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_lora
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 PASSWORD = "correct horse battery staple"
@@ -69,6 +73,33 @@ def make_job(tenant: Tenant, model: Any, *, status: str = JobStatus.SUCCEEDED, *
     if status in FINAL_STATUSES:
         JobEvent.objects.create(job=job, status=status)
     return job
+
+
+@dataclass(frozen=True)
+class TinyLora:
+    """A tiny GPT-2 and a LoRA adapter of it, both saved once for the session."""
+
+    base: Path
+    lora: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_files(tmp_path_factory: pytest.TempPathFactory) -> TinyLora:
+    root = tmp_path_factory.mktemp("tiny-lora")
+    base = build_tiny_causal_lm(root / "tiny-chat")
+    return TinyLora(base=base, lora=build_tiny_lora(base, root / "lora", seed=3))
+
+
+@pytest.fixture
+def tiny_chat(db: None, tiny_lora_files: TinyLora) -> Model:
+    """`tiny_lora_files`' GPT-2 registered as chat model ``tiny-chat`` on the transformers engine."""
+    return ModelFactory(
+        name="tiny-chat",
+        engine=Model.Engine.TRANSFORMERS,
+        task=Model.Task.CHAT,
+        source=str(tiny_lora_files.base),
+        is_default=False,
+    )
 
 
 # ---------------------------------------------------------------- browser tests

@@ -38,6 +38,7 @@ from portal.web.access import PortalAccess, page, refused, tenant_view
 from portal.web.forms import SubmitForm
 from portal.web.selectors import (
     error_lines,
+    job_adapters,
     job_row,
     job_rows,
     job_timeline,
@@ -190,6 +191,7 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "job": job,
         "input_uri": tenant_input_uri(job),
         "job_error": tenant_job_error(job),
+        "adapters": job_adapters(job),
         "row": job_row(job),
         "timeline": job_timeline(job),
         "shards": shard_grid(job),

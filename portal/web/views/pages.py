@@ -12,7 +12,7 @@ from portal.catalog.selectors import models_for_tenant
 from portal.ops.selectors import fleet_hosts_page, flower_link
 from portal.tenancy.access import NoTenantAccess
 from portal.web.access import PortalAccess, page, refused, switch_tenant, tenant_view
-from portal.web.selectors import fleet_view, quota_use, usage_by_month
+from portal.web.selectors import adapter_usage_by_month, fleet_view, quota_use, usage_by_month
 
 
 @tenant_view()
@@ -49,7 +49,11 @@ def fleet_live(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 
 @tenant_view()
 def usage(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
-    context = {"months": usage_by_month(portal.tenant), "quota": quota_use(portal.tenant)}
+    context = {
+        "months": usage_by_month(portal.tenant),
+        "adapter_months": adapter_usage_by_month(portal.tenant),
+        "quota": quota_use(portal.tenant),
+    }
     return page(request, portal, "web/usage.html", context)
 
 
