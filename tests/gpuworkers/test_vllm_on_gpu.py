@@ -285,3 +285,26 @@ class TestLoraOnAGpu:
         for index, name in enumerate(names):
             expected = base[index]["text"] if name is None else alone[name][index]
             assert mixed[index]["text"] == expected, (index, name)
+
+
+class TestPrefixCachingOnAGpu:
+    @pytest.fixture(scope="class")
+    def engine(self, gpu_model_dir: Path) -> Iterator[VllmEngine]:
+        engine = real_engine(gpu_model_dir, "generate")
+        yield engine
+        engine.unload()
+
+    def test_a_prompt_prefix_seen_before_is_served_from_the_cache_and_answers_the_same(
+        self, engine: VllmEngine
+    ) -> None:
+        preamble = "You are a terse assistant; answer in few words. " * 2
+        prompts = [preamble + question for question in ("Why?", "How?", "When?")]
+        params = {"max_tokens": 4, "temperature": 0}
+
+        first = engine.run_batch(prompts[:1], params)
+        again = engine.run_batch(prompts, params)
+
+        assert again[0]["text"] == first[0]["text"]
+        cached = [response["usage"]["prompt_tokens_details"]["cached_tokens"] for response in again]
+        # vLLM caches whole blocks of 16 tokens: the preamble's full blocks are served to every prompt.
+        assert min(cached) >= 16 * (len(preamble) // 16) - 16
