@@ -10,7 +10,8 @@ merging, each in its own process (see `bench.plan_merge`), and the merge of a Pa
 database's size per million finished shards, and the retention sweep that removes them, close the
 whole-stack half (`--retention-shards`, `bench.retention`). `--skip-io` and `--only-io` run one half.
 Last, chat lines sharing long system prompts with the transformers engine's prefix reuse off and on
-(`--prefix-lines`, `bench.prefix`; `--only-prefix` runs it alone).
+(`--prefix-lines`, `bench.prefix`; `--only-prefix` runs it alone), and records/s of that engine with 0, 1, 4
+and 16 LoRA adapters on one base model (`--lora-records`, `bench.lora`; `--only-lora` runs it alone).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bench.fairness import render_fairness, run_fairness_bench
 from bench.first_result import FirstResult, first_result
 from bench.fleet_scale import render_fleet, run_fleet_bench
 from bench.job import timed_job
+from bench.lora import render_lora, run_lora_bench
 from bench.metrics import StackRun, instrumentation_seconds_per_shard, scrape_p99, stack_rate
 from bench.parquet import render_parquet, run_parquet_bench
 from bench.plan_merge import DEFAULT_SIZES_MB, bench_input, render_io_results, run_io_bench
@@ -226,14 +228,25 @@ class Command(BaseCommand):
             default=2_000,
             help="chat lines sharing 20 system prompts, run with prefix reuse off and on (0: skip)",
         )
+        parser.add_argument(
+            "--lora-records",
+            type=int,
+            default=1_500,
+            help="prompts run on the base model alone, then spread over 1, 4 and 16 LoRA adapters (0: skip)",
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
         halves.add_argument("--only-prefix", action="store_true", help="only the prefix reuse benchmark")
+        halves.add_argument("--only-lora", action="store_true", help="only the LoRA adapters benchmark")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["only_prefix"]:
             self.stdout.write(render_prefix(run_prefix_bench(lines=options["prefix_lines"])))
+            return
+        if options["only_lora"]:
+            if options["lora_records"]:
+                self.stdout.write(render_lora(run_lora_bench(records=options["lora_records"])))
             return
         call_command("migrate", verbosity=0)
         if not options["only_io"]:
@@ -267,6 +280,9 @@ class Command(BaseCommand):
         if options["prefix_lines"]:
             self.stdout.write("")
             self.stdout.write(render_prefix(run_prefix_bench(lines=options["prefix_lines"])))
+        if options["lora_records"]:
+            self.stdout.write("")
+            self.stdout.write(render_lora(run_lora_bench(records=options["lora_records"])))
 
     def metrics_bench(self, options: dict[str, Any]) -> None:
         count = options["metrics_sentences"]
