@@ -1,5 +1,5 @@
-"""The OpenAPI schema's error responses: every operation documents the errors the API can give, all
-in the one shape of `portal.api.errors`."""
+"""The OpenAPI schema's error responses: every operation documents the errors the API can give, in the
+one shape of `portal.api.errors`, and Anthropic's for the Message Batches API."""
 
 from __future__ import annotations
 
@@ -40,6 +40,24 @@ ERROR_SCHEMA: dict[str, Any] = {
     },
 }
 
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"type": "string", "example": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {
+                "type": {"type": "string", "example": "invalid_request_error"},
+                "message": {"type": "string"},
+            },
+        },
+    },
+}
+"""Anthropic's error shape, which the Message Batches API (`portal.anthropic_api`) answers in."""
+ANTHROPIC_PREFIX = "/v1/messages/"
+
 ERRORS = {
     "400": "Invalid request: `error.param` and `error.fields` name the problem.",
     "401": "No valid API key (or session).",
@@ -59,9 +77,20 @@ WRITE_ONLY_ERRORS = {"409", "411", "413", "415", "429"}
 
 def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: the Error component, referenced by every operation."""
-    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
-    reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-    for path_item in result.get("paths", {}).values():
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = ERROR_SCHEMA
+    schemas["AnthropicError"] = ANTHROPIC_ERROR_SCHEMA
+    openai = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    # The body-size checks answer before any view, in the shape of the rest of the API.
+    anthropic = {
+        "application/json": {
+            "schema": {
+                "anyOf": [{"$ref": "#/components/schemas/AnthropicError"}, {"$ref": "#/components/schemas/Error"}]
+            }
+        }
+    }
+    for path, path_item in result.get("paths", {}).items():
+        reference = anthropic if path.startswith(ANTHROPIC_PREFIX) else openai
         for method, operation in path_item.items():
             responses = operation.setdefault("responses", {})
             for code, description in ERRORS.items():
