@@ -33,6 +33,7 @@ from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, 
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
+from gpuworkers.engines.vllm_lora import VllmLoras, lora_kwargs
 from gpuworkers.engines.vllm_tools import (
     auto_request,
     read_auto_calls,
@@ -42,7 +43,7 @@ from gpuworkers.engines.vllm_tools import (
 )
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
-from gpuworkers.spec import AdapterSpec, ModelSpec
+from gpuworkers.spec import ModelSpec
 from gpuworkers.vllm_metrics import publish_vllm_metrics
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,6 @@ _RESERVED_LOAD_PARAMS = frozenset({"model", "tensor_parallel_size"})
 
 DEFAULT_MAX_TOKENS = 16
 """``SamplingParams``' own ``max_tokens`` (and OpenAI's completions default), used when a request gives none."""
-
-
-DEFAULT_MAX_LORA_RANK = 64
-"""vLLM's ``max_lora_rank`` for a model whose catalog entry enables LoRA without saying: it sizes the
-adapter slots vLLM reserves, so an adapter of a higher rank needs the load param raised."""
 
 
 class VllmEngine:
@@ -88,8 +84,7 @@ class VllmEngine:
         self._tool_parser: Any = None
         self._tool_parser_name: str | None = None
         self._memory_bytes = 0
-        self._lora_ids: dict[str, int] = {}
-        """Each adapter's id for vLLM (``lora_int_id``), by key: stable for the process, as vLLM caches by it."""
+        self._loras = VllmLoras(spec.name, spec.load_params)
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -170,7 +165,7 @@ class VllmEngine:
             )
             for own_kwargs, own, call, request in zip(kwargs, params, calls, requests, strict=True)
         ]
-        loras = [self._lora_request(own.get(ADAPTER_PARAM)) for own in params]
+        loras = [self._loras.request(own.get(ADAPTER_PARAM)) for own in params]
         lora = {"lora_request": loras} if any(request is not None for request in loras) else {}
         if self.spec.task == "generate":
             outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False, **lora)
@@ -216,22 +211,6 @@ class VllmEngine:
             else None
             for count in counts
         ]
-
-    def _lora_request(self, adapter: Mapping[str, Any] | None) -> Any:
-        """vLLM's request for a record's adapter (loaded by vLLM on first use, kept up to ``max_loras``); None
-        for the base model."""
-        if adapter is None:
-            return None
-        if not self.spec.load_params.get("enable_lora"):
-            raise EngineLoadError(
-                f"model {self.spec.name!r} does not serve LoRA adapters: its catalog entry sets no load param "
-                "enable_lora"
-            )
-        spec = AdapterSpec.from_dict(dict(adapter))
-        lora_id = self._lora_ids.setdefault(spec.key, len(self._lora_ids) + 1)
-        from vllm.lora.request import LoRARequest
-
-        return LoRARequest(spec.key, lora_id, str(resolve_model_source(spec.source)))
 
     def _sampling_params(self, kwargs: dict[str, Any], structured: dict[str, Any] | None) -> Any:
         if structured is None:
@@ -368,9 +347,7 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
         raise EngineLoadError(f"dtype must be a string such as 'auto' or 'bfloat16', not {dtype!r}")
     # vLLM keeps its statistics only when asked; the slot re-exports them on the host's /metrics.
     kwargs.setdefault("disable_log_stats", False)
-    if kwargs.get("enable_lora"):
-        kwargs.setdefault("max_loras", settings.MAX_LORAS.read())
-        kwargs.setdefault("max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    lora_kwargs(kwargs)
     return kwargs
 
 

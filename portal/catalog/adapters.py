@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 
 from gpuworkers.engines.base import EngineLoadError
-from gpuworkers.engines.vllm import DEFAULT_MAX_LORA_RANK
+from gpuworkers.engines.vllm_lora import DEFAULT_MAX_LORA_RANK
 from gpuworkers.sources import resolve_model_source
 from portal.catalog.adapter_files import (
     CONFIG_FILE,
@@ -136,21 +136,24 @@ def adapter_register(
         raise
 
 
-class AdapterInUse(Exception):
-    """The adapter is named by jobs that have not ended: deleting its files would fail their records."""
+class AdapterNotDeletable(Exception):
+    """The tenant may not delete the adapter now: it is shared by the operators, or jobs that have not ended
+    name it (deleting its files would fail their records)."""
 
 
-def adapter_delete(adapter: Adapter) -> None:
-    """Delete a tenant's adapter and its files; jobs that ran it keep their outputs and their ledger lines.
+def adapter_delete(adapter: Adapter, *, tenant: Tenant) -> None:
+    """Delete one of ``tenant``'s adapters and its files; jobs that ran it keep their outputs and ledger lines.
 
-    Raises `AdapterInUse` while a job of its tenant that has not ended names it."""
+    Raises `AdapterNotDeletable` for a shared adapter, and while a job of the tenant that has not ended names it."""
+    if adapter.owner_id != tenant.pk:
+        raise AdapterNotDeletable(f"adapter {adapter.name!r} is shared by the operators; only they can delete it")
     using = (
         Job.objects.filter(tenant=adapter.owner, adapters__has_key=adapter.name)
         .exclude(status__in=FINAL_STATUSES)
         .count()
     )
     if using:
-        raise AdapterInUse(
+        raise AdapterNotDeletable(
             f"adapter {adapter.name!r} is named by {using} job(s) that have not ended; cancel them or wait for them"
         )
     source = adapter.source

@@ -523,6 +523,8 @@ def test_with_lora_enabled_each_prompt_goes_with_its_adapters_request_in_one_cal
     first = FakeLoRARequest("alpha@1", 1, str(alpha))
     second = FakeLoRARequest("beta@1", 2, str(beta))
     assert llm.loras == [[first, None, second, first], [second]]
+    # One request an adapter and a process: its source is resolved (an s3:// one listed) once, not a prompt.
+    assert llm.loras[0][0] is llm.loras[0][3] and llm.loras[0][2] is llm.loras[1][0]
 
 
 def test_a_prompt_without_an_adapter_sends_no_lora_request_and_a_model_without_lora_refuses_one(

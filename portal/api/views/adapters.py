@@ -17,7 +17,7 @@ from portal.api.access import request_access
 from portal.api.errors import ApiError, conflict
 from portal.api.serializers import AdapterCreateSerializer, AdapterSerializer
 from portal.catalog.adapter_files import AdapterRefused
-from portal.catalog.adapters import AdapterInUse, adapter_delete, adapter_register, adapters_for_tenant
+from portal.catalog.adapters import AdapterNotDeletable, adapter_delete, adapter_register, adapters_for_tenant
 from portal.catalog.models import Adapter
 
 
@@ -62,9 +62,7 @@ class AdapterViewSet(
         return Response(AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: Adapter) -> None:
-        if instance.owner_id != request_access(self.request).tenant.pk:
-            raise conflict(f"adapter {instance.name!r} is shared by the operators; only they can delete it")
         try:
-            adapter_delete(instance)
-        except AdapterInUse as exc:
+            adapter_delete(instance, tenant=request_access(self.request).tenant)
+        except AdapterNotDeletable as exc:
             raise conflict(str(exc)) from None

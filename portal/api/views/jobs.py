@@ -18,11 +18,12 @@ from rest_framework.response import Response
 
 from portal.api.access import request_access, request_user
 from portal.api.downloads import DOWNLOAD_RENDERERS, stream_object, stream_partial
+from portal.api.dry_run_serializers import DryRunReportSerializer
 from portal.api.errors import conflict, submission_refused
 from portal.api.filters import JobFilter
 from portal.api.parsers import JSONParser
 from portal.api.scoping import TenantScopedMixin
-from portal.api.serializers import DryRunReportSerializer, JobCreateSerializer, JobSerializer
+from portal.api.serializers import JobCreateSerializer, JobSerializer
 from portal.api.uploads import store_upload
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from portal.catalog.adapter_files import AdapterRefused
 from portal.catalog.adapters import (
-    AdapterInUse,
+    AdapterNotDeletable,
     adapter_base_models,
     adapter_delete,
     adapter_register,
@@ -72,13 +72,9 @@ def adapter_upload(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 def adapter_delete_view(request: HttpRequest, portal: PortalAccess, adapter_id: int) -> HttpResponse:
     """Delete one of the tenant's adapters; a shared one is the operators' to delete (409)."""
     adapter = get_object_or_404(adapters_for_tenant(portal.tenant), pk=adapter_id)
-    if adapter.owner_id != portal.tenant.pk:
-        return refused(
-            request, portal, f"Adapter {adapter} is shared by the operators; only they can delete it.", status=409
-        )
     try:
-        adapter_delete(adapter)
-    except AdapterInUse as exc:
+        adapter_delete(adapter, tenant=portal.tenant)
+    except AdapterNotDeletable as exc:
         return refused(request, portal, f"{exc}.", status=409)
     messages.success(request, f"Adapter {adapter} deleted; jobs that ran it keep their outputs and usage.")
     return redirect("web:adapters")
