@@ -191,6 +191,11 @@ class Shard(models.Model):
         max_length=100, blank=True, help_text="The one speculative copy sent while the shard straggled, if any."
     )
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    slot_queue = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="The one slot's queue its last dispatch went to (it held the job's adapters); empty: the class queue.",
+    )
     attempt = models.PositiveIntegerField(default=0, help_text="Times the shard was dispatched.")
     attempt_id = models.CharField(max_length=64, blank=True, help_text="The committed attempt.")
     output_uri = models.CharField(max_length=1000, blank=True)
