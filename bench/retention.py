@@ -40,14 +40,14 @@ TABLES = {"shards": Shard._meta.db_table, "events": JobEvent._meta.db_table}
 SHARD_ROWS_SQL = """
 INSERT INTO jobs_shard (
     job_id, "index", round, first_record, record_count, input_chars, estimated_seconds, input_uri, prefix_uri,
-    status, task_id, speculative_task_id, dispatched_at, attempt, attempt_id, output_uri, errors_uri,
+    status, task_id, speculative_task_id, slot_queue, dispatched_at, attempt, attempt_id, output_uri, errors_uri,
     succeeded_records, failed_records, prompt_tokens, completion_tokens, cached_prompt_tokens, worker, worker_pid,
     cache_hit, started_at, finished_at, compute_seconds, load_seconds, error_codes, adapter_usage, error
 )
 SELECT
     j.id, i, 0, i * %(records)s, %(records)s, %(records)s * 160, 18.0 + (i %% 7), p.root || '/input/shard-'
     || lpad(i::text, 5, '0') || '.jsonl', p.root || '/shards/' || lpad(i::text, 5, '0'),
-    'succeeded', 'shard-' || j.id::text || '-' || i || '-' || substr(a.att, 1, 12), '',
+    'succeeded', 'shard-' || j.id::text || '-' || i || '-' || substr(a.att, 1, 12), '', '',
     j.finished_at - interval '10 minutes', 1, a.att,
     p.root || '/shards/' || lpad(i::text, 5, '0') || '/attempts/' || a.att || '.output.jsonl',
     p.root || '/shards/' || lpad(i::text, 5, '0') || '/attempts/' || a.att || '.errors.jsonl',
