@@ -1,11 +1,13 @@
 """OpenAI's request fields for text generation, checked and mapped to vLLM's ``SamplingParams``.
 
 Pure functions, importable where neither vLLM nor torch is: the portal checks a batch's lines with them
-before anything runs, and the vllm engine builds each prompt's ``SamplingParams`` from them.
+before anything runs, the vllm engine builds each prompt's ``SamplingParams`` from them, and the slot gives
+each record that samples under a job's seed a seed of its own (`record_seed`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -200,3 +202,24 @@ def _logit_bias(bias: Any) -> dict[int, float] | None:
             raise ParamError("logit_bias", f"logit_bias values must be numbers in [-100, 100], not {value!r}")
         checked[token_id] = float(value)
     return checked or None
+
+
+SAMPLES_BY_DEFAULT = frozenset({"vllm"})
+"""Engines whose ``temperature`` defaults to 1.0 (vLLM's, as OpenAI's); the transformers engine's is 0, greedy."""
+
+
+def samples(engine: str, params: Mapping[str, Any]) -> bool:
+    """Whether a record run by ``engine`` with ``params`` samples (a temperature above 0, or none where the
+    engine's default samples). A temperature that is no number is the engine's to refuse: not sampling here."""
+    temperature = params.get("temperature")
+    if temperature is None:
+        return engine in SAMPLES_BY_DEFAULT
+    return isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature > 0
+
+
+def record_seed(seed: int, custom_id: str) -> int:
+    """The seed a record samples with under its job's ``seed``: a digest of both, so that what a record draws
+    depends on no other record, nor on the shard or micro-batch it runs in; below 2**31, which every
+    engine takes."""
+    digest = hashlib.sha256(f"{seed}\x00{custom_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF

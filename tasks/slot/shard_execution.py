@@ -39,6 +39,7 @@ from tasks.shared.stops import PAUSED, arrival_flags, stop_reason
 from tasks.shared.storage import ObjectStore, join_uri, store_for
 from tasks.slot import state as slot_state
 from tasks.slot.record_adapters import AdapterTally, named_models, record_items
+from tasks.slot.record_seeds import seeded_items
 from tasks.slot.shard_bisect import run_checkpointed
 from tasks.slot.shard_piece import ShardPiece
 
@@ -145,6 +146,7 @@ def _run_attempt(
     engine = EmbeddingInputs(lookup.engine) if spec.model.task == "embed" else lookup.engine
     items, adapter_keys = _read_items(spec)
     params = {name: value for name, value in spec.params.items() if name != ADAPTER_PARAM}
+    items = seeded_items(spec, items, params)
     chunk = int(params.get("micro_batch_size", micro_batch_size()))
 
     def stopped() -> bool:
