@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from gpuworkers import metrics, settings
 from gpuworkers.engines.base import Engine, HoldsAdapters, create_engine
 from gpuworkers.spec import ModelSpec
+from gpuworkers.weights.digest import ModelDigest, model_digest
 from gpuworkers.weights.holds import LoadScope, load_scope
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class CacheLookup:
     """True when the engine was already loaded."""
     load_seconds: float
     """Seconds spent building and loading the engine; 0.0 on a hit."""
+    files: ModelDigest | None = None
+    """The files the engine was loaded from, by digest (`gpuworkers.weights.digest`), read at its load."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class _Entry:
     engine: Engine
     size: int
     weights: LoadScope
+    files: ModelDigest | None
     """The disk cache entries the engine's weights came from, held until it is unloaded."""
 
     def unload(self) -> None:
@@ -105,7 +109,7 @@ class ModelCache:
                 self._entries.move_to_end(key)
                 self._hits += 1
                 metrics.MODEL_CACHE_HITS.labels(*metrics.model_labels(spec.name)).inc()
-                return CacheLookup(engine=entry.engine, hit=True, load_seconds=0.0)
+                return CacheLookup(engine=entry.engine, hit=True, load_seconds=0.0, files=entry.files)
             budget = self._budget_for(device)
             self._evict_until_free(self._known_sizes.get(key, budget), budget)
             started = time.perf_counter()
@@ -113,6 +117,8 @@ class ModelCache:
                 try:
                     engine = self._engine_factory(spec)
                     engine.load(device=device)
+                    # Read where the engine read its weights, holding the same weights cache entry.
+                    files = model_digest(spec)
                 except BaseException:
                     weights.release()
                     metrics.MODEL_LOAD_FAILURES.labels(*metrics.model_labels(spec.name)).inc()
@@ -120,7 +126,7 @@ class ModelCache:
                     raise
             load_seconds = time.perf_counter() - started
             size = engine.memory_bytes()
-            self._entries[key] = _Entry(engine=engine, size=size, weights=weights)
+            self._entries[key] = _Entry(engine=engine, size=size, weights=weights, files=files)
             self._known_sizes[key] = size
             self._load_counts[key] += 1
             metrics.MODEL_LOADS.labels(*metrics.model_labels(spec.name)).inc()
@@ -131,7 +137,7 @@ class ModelCache:
             if size > budget:
                 logger.warning("model %s:%s holds %d bytes, over the cache budget of %d", *key, size, budget)
             logger.info("loaded model %s:%s on %s in %.2f s (%d bytes)", *key, device, load_seconds, size)
-            return CacheLookup(engine=engine, hit=False, load_seconds=load_seconds)
+            return CacheLookup(engine=engine, hit=False, load_seconds=load_seconds, files=files)
 
     def stats(self) -> CacheStats:
         with self._lock:

@@ -102,6 +102,9 @@ class ShardManifest:
     cached_prompt_tokens: int = 0
     """Of ``prompt_tokens``, those served from a prefix cache (another record computed them): OpenAI's
     ``cached_tokens``, summed."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """How the attempt's output was made (`tasks.slot.provenance`): the model's files by digest as its
+    process loaded them, the engine's and the software's versions, the GPU class and host."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,6 +38,7 @@ from tasks.shared.specs import ShardManifest, ShardSkipped, ShardSpec, read_comm
 from tasks.shared.stops import PAUSED, arrival_flags, stop_reason
 from tasks.shared.storage import ObjectStore, join_uri, store_for
 from tasks.slot import state as slot_state
+from tasks.slot.provenance import shard_provenance
 from tasks.slot.record_adapters import AdapterTally, named_models, record_items
 from tasks.slot.record_seeds import seeded_items
 from tasks.slot.shard_bisect import run_checkpointed
@@ -258,6 +259,7 @@ def _run_attempt(
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         error_codes=dict(error_codes),
         adapter_usage=tally.usage,
+        provenance=shard_provenance(spec, lookup),
     )
     if not store.put_if_absent(spec.commit_uri, orjson.dumps(manifest.to_dict())):
         # Another attempt committed first; ours is an orphan and the committed one stands.

@@ -1,0 +1,109 @@
+"""Digests of a model's files as a slot loaded them: what a job's provenance names its weights by.
+
+`model_digest` hashes every file of the model's directory (SHA-256, read in 1 MiB blocks) and the whole
+as the SHA-256 of its sorted ``relative path NUL file digest`` lines, so that one changed, added or removed
+file changes it; the tokenizer's digest is the same over the tokenizer's files alone. A ``python`` engine's
+model is its code: the digest of the module its entry point names. Dot files (locks, the weights cache's
+own markers) are not the model's. A file's digest is kept per process by path, size and modification time,
+so a model loaded again from unchanged files is not read twice for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.sources import resolve_model_source
+from gpuworkers.spec import ModelSpec
+
+BLOCK_BYTES = 1024 * 1024
+TOKENIZER_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
+
+_known: dict[tuple[str, int, int], str] = {}
+_known_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ModelDigest:
+    """A loaded model's files, by digest."""
+
+    digest: str
+    """``sha256:`` and the hex digest of every file's path and digest."""
+    tokenizer_digest: str = ""
+    """The same over the tokenizer's files; empty where the model has none."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Relative path -> hex SHA-256 of each file."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_digest(spec: ModelSpec) -> ModelDigest | None:
+    """The digest of the files ``spec`` loads from (resolved as its engine resolved them); None where its
+    source names no files this process can read (an engine built by a test from nothing)."""
+    if spec.engine == "python":
+        return _module_digest(spec.source)
+    try:
+        directory = resolve_model_source(spec.source)
+    except EngineLoadError:
+        return None
+    files = {
+        path.relative_to(directory).as_posix(): _file_digest(path)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+    }
+    tokenizer = {name: digest for name, digest in files.items() if Path(name).name in TOKENIZER_FILES}
+    return ModelDigest(digest=_combined(files), tokenizer_digest=_combined(tokenizer) if tokenizer else "", files=files)
+
+
+def _module_digest(entry_point: str) -> ModelDigest | None:
+    module = entry_point.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        return None
+    files = {f"{module}.py": _file_digest(Path(found.origin))}
+    return ModelDigest(digest=_combined(files), files=files)
+
+
+def _combined(files: dict[str, str]) -> str:
+    lines = "".join(f"{name}\0{digest}\n" for name, digest in sorted(files.items()))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    with _known_lock:
+        known = _known.get(key)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(BLOCK_BYTES):
+            digest.update(block)
+    with _known_lock:
+        _known[key] = digest.hexdigest()
+    return digest.hexdigest()
