@@ -394,8 +394,7 @@ BATCHERY_PREFIX_MAX_GROUPS = env_int(
     "BATCHERY_PREFIX_MAX_GROUPS",
     32,
     minimum=1,
-    doc="The most prefix groups one job is planned in (the largest first): the planner holds a shard open for "
-    "each.",
+    doc="The most prefix groups one job is planned in (the largest first): the planner holds a shard open for each.",
 )
 BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float(
     "BATCHERY_DEFAULT_SECONDS_PER_RECORD",
