@@ -392,9 +392,10 @@ BATCHERY_PREFIX_GROUP_MIN_RECORDS = env_int(
 )
 BATCHERY_PREFIX_MAX_GROUPS = env_int(
     "BATCHERY_PREFIX_MAX_GROUPS",
-    32,
+    24,
     minimum=1,
-    doc="The most prefix groups one job is planned in (the largest first): the planner holds a shard open for each.",
+    doc="The most prefix groups one job is planned in (the largest first): the planner holds a shard open for "
+    "each, on S3 with a part's buffer (BATCHERY_S3_PART_BYTES).",
 )
 BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float(
     "BATCHERY_DEFAULT_SECONDS_PER_RECORD",

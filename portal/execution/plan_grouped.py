@@ -57,9 +57,9 @@ class GroupedShardWriter:
     are opened; `on_shard` is called with each once its input and positions are written whole.
 
     Memory is bounded by the groups, not the input: at most one open shard a group and one for the
-    ungrouped records (BATCHERY_PREFIX_MAX_GROUPS + 1), each with its store writer's buffer and the
-    positions of its records (8 bytes a record, up to a shard's records), plus a few numbers a shard
-    written."""
+    ungrouped records (BATCHERY_PREFIX_MAX_GROUPS + 1), each with its store writer's buffer (on S3 up
+    to a part, BATCHERY_S3_PART_BYTES: 25 x 16 MiB by default) and the positions of its records
+    (8 bytes a record, up to a shard's records), plus a few numbers a shard written."""
 
     def __init__(
         self,
