@@ -335,7 +335,8 @@ def _cut_shards(
                     # A bad line: the shard being written never gets a row; the check reads on.
                     writer.abort()
                     writing = False
-            elif check.records > covered:
+            elif check.records > covered and not job.prefix_groups:
+                # A grouped job with rows has its whole plan: its records are only checked again.
                 writer.add(record)
             if check.records % HEARTBEAT_RECORDS == 0:
                 dispatch.records_read()
@@ -405,6 +406,9 @@ def _plan(job_id: str, *, resumed: bool) -> None:
         return
     if not check.ok:
         _refuse(job, f"input rejected: {check.summary(limit=limit)}")
+        return
+    if job.prefix_groups and _planned_so_far(job)[1] != check.records:
+        _refuse(job, f"the input changed while it was planned: {check.records} records, the plan holds others")
         return
 
     shard_count = job.shards.filter(round=0).count()

@@ -155,7 +155,8 @@ class PlannedShard:
 
     index: int
     first_record: int
-    """Its first record's position in the job's input (0-based)."""
+    """Its first record's position (0-based) in the records it was cut from: the job's input, or for a
+    retry round the records retried."""
     record_count: int
     input_uri: str
     input_chars: int = 0

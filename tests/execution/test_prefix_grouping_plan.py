@@ -229,3 +229,35 @@ def test_the_positions_file_holds_little_endian_64_bit_positions(
     raw = Path(shard.input_uri.removeprefix("file://").removesuffix(".jsonl") + ".positions").read_bytes()
     assert list(array("Q", raw)) == list(range(0, 200, VARIANTS))  # on this little-endian machine
     assert raw[:8] == (0).to_bytes(8, "little") and raw[8:16] == (VARIANTS).to_bytes(8, "little")
+
+
+def test_a_replanned_grouped_job_whose_input_changed_fails_instead_of_mixing_plans(
+    chat_model: Model, tmp_path: Path, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transition = plan.job_transition
+
+    def die_before_running(**kwargs: Any) -> bool:
+        if kwargs["target"] == JobStatus.RUNNING:
+            raise PlannerDied
+        return transition(**kwargs)
+
+    monkeypatch.setattr(plan, "job_transition", die_before_running)
+    path = chat_lines(tmp_path / "chat.jsonl")
+    job = job_submit(
+        tenant=TenantFactory(name="acme"),
+        request=JobRequest(model_name="group-chat", input_uri=str(path), shard_size=40),
+    )
+    with django_capture_on_commit_callbacks(), pytest.raises(PlannerDied):
+        job_plan(job_id=str(job.id))
+    monkeypatch.undo()
+    shards = job.shards.count()
+    with path.open("a") as handle:
+        handle.write(json.dumps({"messages": [{"role": "user", "content": "one more"}]}) + "\n")
+
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.id))
+    job.refresh_from_db()
+
+    assert job.status == JobStatus.FAILED
+    assert "the input changed while it was planned" in job.error
+    assert job.shards.count() == shards, "no shard added to the grouped plan"
