@@ -14,12 +14,12 @@ byte-for-byte prefix of the final output and each later one extends the earlier.
 
 The output is JSONL whatever the job's output format: a Parquet file is whole only with its footer,
 and the JSONL form holds the same records (the final merge writes it before the Parquet copy).
+Only a job's cancellation or expiry, which turns unfinished and failed shards into the stop's error
+lines, can change lines a partial download showed as `shard_failed`.
+
 A prefix-grouped job's shards hold interleaved records (`portal.execution.merge_order`): its prefix
 ends at the first position of its first shard not settled, and the settled shards' lines before it
 are merged in input order, as the final merge puts them.
-
-Only a job's cancellation or expiry, which turns unfinished and failed shards into the stop's error
-lines, can change lines a partial download showed as `shard_failed`.
 """
 
 from __future__ import annotations
