@@ -156,7 +156,9 @@ def grouped_shards_create(*, job: Job, shards: list[PlannedShard], groups: int) 
     shards (those of a planner that ran beside this one without its lease: its plan stands)."""
     root = job_root(job)
     with transaction.atomic():
-        if not Job.objects.select_for_update().filter(pk=job.pk, status=JobStatus.PLANNING).exists():
+        # The row lock serializes two planners of the job (one without its lease): the second sees the
+        # first's shards below.
+        if not list(Job.objects.select_for_update().filter(pk=job.pk, status=JobStatus.PLANNING).values_list("pk")):
             return False
         if Shard.objects.filter(job_id=job.pk, round=0).exists():
             return False
