@@ -8,7 +8,7 @@ Celery results and progress counters that share the Redis (kept for `BATCHERY_RE
 walks too.
 
 Measured, in this process, each `rounds` times: `fleet_slots` and `fleet_overview` (the selectors),
-capacity's `_slots_by_queue` (every control process, every 2 s), the portal's fleet page, its part
+capacity's `_fleet` (every control process, every 2 s), the portal's fleet page, its part
 polled every 2 s by each open page, the admin's fleet page and a `/metrics` scrape (through Django's
 test client, as a staff member of a tenant), with the Redis round trips and commands of each read;
 the scrape's series, all and per slot; the fleet's keys' memory in Redis (`MEMORY USAGE`).
@@ -253,7 +253,7 @@ def run_fleet_bench(*, slots: int = 1000, other_keys: int = 100_000, rounds: int
 
         def slots_by_queue() -> Counter[str]:
             capacity._cached = None
-            return capacity._slots_by_queue()
+            return capacity._fleet().by_queue
 
         pages = {"fleet page": "/fleet/", "fleet page, polled part": "/fleet/live/", "admin fleet": ADMIN_FLEET}
 
@@ -267,7 +267,7 @@ def run_fleet_bench(*, slots: int = 1000, other_keys: int = 100_000, rounds: int
         if seen != slots:
             raise RuntimeError(f"the fleet read {seen} of the {slots} slots written")
         reads.append(timed("fleet_overview", fleet_overview)[0])
-        read, by_queue = timed("capacity _slots_by_queue", slots_by_queue)
+        read, by_queue = timed("capacity _fleet", slots_by_queue)
         reads.append(read)
         pages_bytes = {}
         for name, url in pages.items():

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuworkers import metrics, settings
-from gpuworkers.engines.base import Engine, create_engine
+from gpuworkers.engines.base import Engine, HoldsAdapters, create_engine
 from gpuworkers.spec import ModelSpec
 from gpuworkers.weights.holds import LoadScope, load_scope
 
@@ -148,6 +148,14 @@ class ModelCache:
         """The (name, version) of every loaded model, least recently used first."""
         with self._lock:
             return list(self._entries)
+
+    def loaded_adapters(self) -> list[str]:
+        """Fingerprints of the LoRA adapters loaded beside the resident models (`HoldsAdapters`)."""
+        with self._lock:
+            engines = [entry.engine for entry in self._entries.values()]
+        return sorted(
+            {key for engine in engines if isinstance(engine, HoldsAdapters) for key in engine.loaded_adapters()}
+        )
 
     def loads_of(self, key: CacheKey) -> int:
         """How many times the model with this (name, version) was loaded by this cache."""

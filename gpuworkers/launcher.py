@@ -1,7 +1,8 @@
 """The launcher: one Celery worker process per slot, supervised.
 
-Each child gets CUDA_VISIBLE_DEVICES set to exactly its slot's GPUs, consumes only its slot's queue
-with concurrency 1 and prefetch 1, and has a distinct hostname. A child that dies is restarted with
+Each child gets CUDA_VISIBLE_DEVICES set to exactly its slot's GPUs, consumes its slot's class queue
+and its own queue (`slot_own_queue`: shards routed to it for the adapters it holds) with concurrency 1
+and prefetch 1, and has a distinct hostname. A child that dies is restarted with
 backoff. SIGTERM drains: children finish their shard (Celery's warm shutdown) and the launcher exits;
 a second SIGINT stops everything at once.
 """
@@ -30,7 +31,7 @@ from gpuworkers.metrics_server import (
     sweep_dead_processes,
 )
 from gpuworkers.slots import Slot
-from tasks.shared.config import metrics_token
+from tasks.shared.config import metrics_token, slot_own_queue
 
 logger = logging.getLogger("gpuworkers.launcher")
 
@@ -56,7 +57,7 @@ def worker_command(slot: Slot, *, app: str, hostname: str, loglevel: str) -> lis
         *quiet,
         "worker",
         "--queues",
-        slot.queue,
+        f"{slot.queue},{slot_own_queue(slot.queue, worker_name(slot, hostname))}",
         "--concurrency",
         "1",
         "--prefetch-multiplier",
@@ -100,6 +101,7 @@ def worker_env(
     # The heartbeat carries these, so the portal can tell this worker to stop consuming (drain).
     env["BATCHERY_WORKER_NAME"] = worker_name(slot, hostname or socket.gethostname())
     env["BATCHERY_QUEUE"] = slot.queue
+    env["BATCHERY_OWN_QUEUE"] = slot_own_queue(slot.queue, env["BATCHERY_WORKER_NAME"])
     if slot.torch_threads:
         env["BATCHERY_TORCH_THREADS"] = str(slot.torch_threads)
         # Tokenizers and BLAS spawn their own threads; a slot must stay within its share of the cores.

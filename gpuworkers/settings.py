@@ -88,6 +88,10 @@ WORKER_NAME = str_var(
     "BATCHERY_WORKER_NAME", doc="Set by the launcher: the slot's Celery node name, by which a drain addresses it."
 )
 QUEUE = str_var("BATCHERY_QUEUE", doc="Set by the launcher: the queue the slot consumes.")
+OWN_QUEUE = str_var(
+    "BATCHERY_OWN_QUEUE",
+    doc="Set by the launcher: the slot's own queue, consumed beside QUEUE (`tasks.shared.config.slot_own_queue`).",
+)
 PRELOAD = list_var(
     "BATCHERY_PRELOAD", doc="Set by the launcher (`--preload`): models a slot loads before it takes shards."
 )
@@ -209,6 +213,11 @@ def slot_worker_name() -> str:
 
 def slot_queue() -> str:
     return QUEUE.read()
+
+
+def slot_own_queue() -> str:
+    """The slot's own queue ("" where it consumes none: a plain worker)."""
+    return OWN_QUEUE.read()
 
 
 def preload_references() -> list[str]:

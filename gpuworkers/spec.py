@@ -5,6 +5,7 @@ A `ModelSpec` travels inside every shard message, so it is small, frozen and JSO
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,9 +57,12 @@ class AdapterSpec:
     """The LoRA rank (``r``), which an engine sizes its adapter slots by (vLLM's ``max_lora_rank``)."""
 
     @property
-    def key(self) -> str:
-        """Names the adapter within one loaded base model: ``name@version``."""
-        return f"{self.name}@{self.version}"
+    def fingerprint(self) -> str:
+        """Names these files at this version wherever they are loaded: what an engine keeps the adapter (and
+        the prefixes computed with it) under, since two tenants' adapters may share a name, and what a slot's
+        heartbeat reports it holds, which names no tenant's adapter to the fleet."""
+        digest = hashlib.sha256(f"{self.source}\n{self.version}".encode()).hexdigest()
+        return f"lora_{digest[:16]}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

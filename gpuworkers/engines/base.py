@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuworkers.spec import ModelSpec
 
@@ -62,6 +62,15 @@ class SharesPrefixes(Protocol):
 
     def shares_prefixes(self, params: Mapping[str, Any]) -> bool:
         """Whether inputs run with ``params`` gain from sharing a micro-batch with those of the same prefix."""
+
+
+@runtime_checkable
+class HoldsAdapters(Protocol):
+    """An engine that keeps LoRA adapters loaded beside its model: a slot's heartbeat reports them, so that
+    the scheduler sends the shards of a job naming one to a slot that holds it (`portal.execution.adapter_routes`)."""
+
+    def loaded_adapters(self) -> list[str]:
+        """Fingerprints (`gpuworkers.spec.AdapterSpec.fingerprint`) of the adapters loaded now."""
 
 
 def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = True) -> list[str | None]:

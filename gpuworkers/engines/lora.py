@@ -28,11 +28,13 @@ class LoraAdapters:
         self.model: Any = base
         """What generates: the base model, or the PEFT model wrapping it once an adapter was loaded."""
         self._loaded: OrderedDict[str, AdapterSpec] = OrderedDict()
+        self._held: tuple[str, ...] = ()
 
     @property
     def loaded(self) -> list[str]:
-        """Keys (``name@version``) of the adapters loaded, least recently used first."""
-        return list(self._loaded)
+        """Fingerprints (`AdapterSpec.fingerprint`) of the adapters loaded, least recently used first: a
+        copy made as each load ends, since the slot's heartbeat thread reads it while shards run."""
+        return list(self._held)
 
     @contextmanager
     def active(self, adapter: Mapping[str, Any] | None) -> Iterator[Any]:
@@ -49,13 +51,16 @@ class LoraAdapters:
         yield self.model
 
     def _load(self, spec: AdapterSpec) -> str:
-        key = spec.key
+        key = spec.fingerprint
         if key in self._loaded:
             self._loaded.move_to_end(key)
+            self._held = tuple(self._loaded)
             return key
         path = resolve_model_source(spec.source)
         if not (path / WEIGHTS_FILE).is_file():
-            raise EngineLoadError(f"adapter {key!r}: no {WEIGHTS_FILE} in {spec.source} (only safetensors are loaded)")
+            raise EngineLoadError(
+                f"adapter {spec.name!r}: no {WEIGHTS_FILE} in {spec.source} (only safetensors are loaded)"
+            )
         try:
             if self._loaded or hasattr(self.model, "peft_config"):
                 self.model.load_adapter(str(path), adapter_name=key, is_trainable=False)
@@ -65,7 +70,7 @@ class LoraAdapters:
                 self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=key, is_trainable=False)
         except Exception as exc:
             raise EngineLoadError(
-                f"cannot load adapter {key!r} from {spec.source}: {type(exc).__name__}: {exc}"
+                f"cannot load adapter {spec.name!r} from {spec.source}: {type(exc).__name__}: {exc}"
             ) from exc
         self.model.eval()
         self._loaded[key] = spec
@@ -73,4 +78,5 @@ class LoraAdapters:
         while len(self._loaded) > MAX_LORAS.read():
             evicted, _ = self._loaded.popitem(last=False)
             self.model.delete_adapter(evicted)
+        self._held = tuple(self._loaded)
         return key

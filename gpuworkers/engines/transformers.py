@@ -24,7 +24,7 @@ from gpuworkers.engines.prefix_reuse import PrefixKV, PrefixPlan, PrefixReuse, n
 from gpuworkers.engines.sampling import ParamError, check_bound, is_int, structured_output
 from gpuworkers.engines.torch_memory import TorchModelHolder, module_bytes
 from gpuworkers.sources import forbid_hub_downloads, resolve_model_source
-from gpuworkers.spec import ModelSpec
+from gpuworkers.spec import AdapterSpec, ModelSpec
 from tasks.shared.config import MAX_OUTPUT_TOKENS
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ class TransformersEngine(TorchModelHolder):
         assert self._adapters is not None  # set by load, with the model
         adapter = params.get(ADAPTER_PARAM)
         with self._adapters.active(adapter) as adapted:
-            namespace = "" if adapter is None else f"{adapter['name']}@{adapter['version']}"
+            namespace = "" if adapter is None else AdapterSpec.from_dict(dict(adapter)).fingerprint
             plan = self._prefix_plan(token_ids, generation, adapted, namespace)
             for indices, prefix in sub_batches(plan, token_ids, step):
                 if seeded:
@@ -250,6 +250,10 @@ class TransformersEngine(TorchModelHolder):
 
     def memory_bytes(self) -> int:
         return 0 if self._adapters is None else module_bytes(self._adapters.model)
+
+    def loaded_adapters(self) -> list[str]:
+        """Fingerprints of the LoRA adapters loaded beside the model (`HoldsAdapters`)."""
+        return [] if self._adapters is None else self._adapters.loaded
 
     def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
         """For each prompt, why it and ``max_tokens`` overflow the model's context, or None where they fit."""

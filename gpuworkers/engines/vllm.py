@@ -234,6 +234,10 @@ class VllmEngine:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
+    def loaded_adapters(self) -> list[str]:
+        """Fingerprints of the LoRA adapters given to vLLM in this process (`HoldsAdapters`)."""
+        return self._loras.loaded
+
     def unload(self) -> None:
         if self._llm is None:
             return

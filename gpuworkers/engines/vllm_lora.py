@@ -34,6 +34,13 @@ class VllmLoras:
         self._model = model
         self._enabled = bool(load_params.get("enable_lora"))
         self._requests: dict[str, Any] = {}
+        self._held: tuple[str, ...] = ()
+
+    @property
+    def loaded(self) -> list[str]:
+        """Fingerprints of the adapters this process gave vLLM, which keeps them in its LoRA cache (a copy
+        made as each is added, since the slot's heartbeat thread reads it while shards run)."""
+        return list(self._held)
 
     def request(self, adapter: Mapping[str, Any] | None) -> Any:
         """vLLM's request for a record's adapter (an `AdapterSpec` as a dict); None for the base model."""
@@ -44,10 +51,11 @@ class VllmLoras:
                 f"model {self._model!r} does not serve LoRA adapters: its catalog entry sets no load param enable_lora"
             )
         spec = AdapterSpec.from_dict(dict(adapter))
-        found = self._requests.get(spec.key)
+        found = self._requests.get(spec.fingerprint)
         if found is None:
             from vllm.lora.request import LoRARequest
 
             path = str(resolve_model_source(spec.source))
-            found = self._requests[spec.key] = LoRARequest(spec.key, len(self._requests) + 1, path)
+            found = self._requests[spec.fingerprint] = LoRARequest(spec.fingerprint, len(self._requests) + 1, path)
+            self._held = tuple(self._requests)
         return found

@@ -14,19 +14,8 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from portal.api.error_types import ANTHROPIC_ERROR_TYPES
 from portal.api.errors import ApiError
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
-"""Anthropic's error type of each status; any other is an `api_error`."""
 
 
 def invalid_request(message: str) -> ApiError:
@@ -60,7 +49,10 @@ def anthropic_exception_handler(exc: Exception, context: dict[str, Any]) -> Resp
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
-    error = {"type": ERROR_TYPES.get(response.status_code, "api_error"), "message": _message(exc, response.data)}
+    error = {
+        "type": ANTHROPIC_ERROR_TYPES.get(response.status_code, "api_error"),
+        "message": _message(exc, response.data),
+    }
     response.data = {"type": "error", "error": error}
     if isinstance(exc, ApiError) and exc.retry is not None:
         response["x-should-retry"] = "true" if exc.retry else "false"

@@ -3,7 +3,8 @@
 A multipart body (an upload: the REST API's and /v1/files' `file`, the portal's submit form) may be
 as large as an upload (`BATCHERY_MAX_UPLOAD_BYTES`) plus room for its envelope; any other body as
 large as `BATCHERY_MAX_REQUEST_BYTES`. Over its limit a request is answered 413 from its
-`Content-Length`, in the API's error shape under the API's prefixes. A body without a length (chunked)
+`Content-Length`, in the API's error shape under the API's prefixes (Anthropic's under the Message
+Batches API's). A body without a length (chunked)
 is answered 411: Django reads a request's body only up to its `Content-Length`, so such a body would
 otherwise reach a view as empty.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from portal.api.error_types import API_PREFIXES, ERROR_TYPES
+from portal.api.error_types import ANTHROPIC_ERROR_TYPES, ANTHROPIC_PREFIX, API_PREFIXES, ERROR_TYPES
 
 ENVELOPE_BYTES = 64 * 1024
 """Room for the multipart envelope and the other form fields around an uploaded file."""
@@ -29,9 +30,13 @@ def body_limit(request: HttpRequest) -> tuple[int, str]:
 
 
 def _refusal(request: HttpRequest, status: int, code: str, message: str) -> HttpResponse:
-    if request.path.startswith(API_PREFIXES):
+    if request.path.startswith(ANTHROPIC_PREFIX):
+        anthropic = {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message}
+        response: HttpResponse = JsonResponse({"type": "error", "error": anthropic}, status=status)
+        response["x-should-retry"] = "false"
+    elif request.path.startswith(API_PREFIXES):
         error = {"type": ERROR_TYPES.get(status, "invalid_request_error"), "code": code, "message": message}
-        response: HttpResponse = JsonResponse({"error": {**error, "param": None}}, status=status)
+        response = JsonResponse({"error": {**error, "param": None}}, status=status)
         response["x-should-retry"] = "false"
     else:
         response = HttpResponse(message + "\n", status=status, content_type="text/plain; charset=utf-8")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from portal.api.error_types import ANTHROPIC_PREFIX
+
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["error"],
@@ -56,7 +58,6 @@ ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
     },
 }
 """Anthropic's error shape, which the Message Batches API (`portal.anthropic_api`) answers in."""
-ANTHROPIC_PREFIX = "/v1/messages/"
 
 ERRORS = {
     "400": "Invalid request: `error.param` and `error.fields` name the problem.",

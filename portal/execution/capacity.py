@@ -13,34 +13,47 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
 from portal.ops.selectors import draining_workers, fleet_slots
 
 _CACHE_S = 2.0
-_cached: tuple[float, Counter[str]] | None = None
 
 
-def _slots_by_queue() -> Counter[str]:
-    """Live slots per queue, read at most every `_CACHE_S` seconds per process."""
+@dataclass(frozen=True)
+class _Fleet:
+    read_at: float
+    beats: list[dict[str, Any]]
+    """The heartbeats of the live slots that are not drained."""
+    by_queue: Counter[str]
+
+
+_cached: _Fleet | None = None
+
+
+def _fleet() -> _Fleet:
+    """The live slots that take shards, read at most every `_CACHE_S` seconds per process."""
     global _cached
     now = time.monotonic()
-    if _cached is not None and now - _cached[0] < _CACHE_S:
-        return _cached[1]
+    if _cached is not None and now - _cached.read_at < _CACHE_S:
+        return _cached
     slots = fleet_slots()
     draining = draining_workers([slot.get("worker", "") for slot in slots])
-    live: Counter[str] = Counter()
-    for slot in slots:
-        if slot.get("worker", "") in draining or not slot.get("queue"):
-            continue
-        live[slot["queue"]] += 1
-    _cached = (now, live)
-    return live
+    beats = [slot for slot in slots if slot.get("queue") and slot.get("worker", "") not in draining]
+    _cached = _Fleet(read_at=now, beats=beats, by_queue=Counter(beat["queue"] for beat in beats))
+    return _cached
 
 
 def live_slots(queue: str) -> int:
-    return _slots_by_queue()[queue]
+    return _fleet().by_queue[queue]
+
+
+def live_beats(queue: str) -> list[dict[str, Any]]:
+    """The heartbeats of the slots that take `queue`'s shards now (live, not drained)."""
+    return [beat for beat in _fleet().beats if beat["queue"] == queue]
 
 
 def queue_slots(queue: str) -> int:

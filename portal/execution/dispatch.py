@@ -60,35 +60,48 @@ def shards_send(job: Job, shards: Sequence[Shard], *, copies: bool = False, wave
     A wave of several shards is one message (`run_shards`, under `wave_task_id` of its first shard's id),
     each shard under its own soft time limit; a lone shard is a `run_shard` message under its task id.
     Either is a chord of that one message whose callback and error callback are both `shard_done`,
-    naming the wave's shards (`tasks.send.send_shard_chord`).
+    naming the wave's shards (`tasks.send.send_shard_chord`). A shard the scheduler routed to a slot
+    (`Shard.slot_queue`) goes to that slot's own queue, in a wave of its own with the others routed there;
+    a copy always goes to the class queue, where another slot takes it.
     """
     queue = job_queue(job)
     priority = message_priority(effective_priority(job))
     size = 1 if copies else max(1, wave)
-    for start in range(0, len(shards), size):
-        members = shards[start : start + size]
-        limits = [shard_time_limits(job, shard) for shard in members]
-        specs = [shard_spec(job, shard).to_dict() for shard in members]
-        if len(members) == 1:
-            [spec], [(soft, hard)] = specs, limits
-            task_id = members[0].speculative_task_id if copies else members[0].task_id
-            header = send.shard_signature(
-                spec,
-                task_id=task_id,
-                argsrepr=repr(shard_named(spec)),
-                limits=send.ShardLimits(queue, priority, soft, hard),
+    targets: dict[str, list[Shard]] = {}
+    for shard in shards:
+        targets.setdefault("" if copies else shard.slot_queue, []).append(shard)
+    for target, routed in targets.items():
+        for start in range(0, len(routed), size):
+            _send_wave(
+                job, routed[start : start + size], queue=queue, target=target or queue, priority=priority, copies=copies
             )
-        else:
-            # Each shard keeps its own soft limit inside the wave; the wave's are the sum, a backstop.
-            hard = min(sum(shard_hard for _, shard_hard in limits), float(SHARD_HARD_TIME_LIMIT_S))
-            named = ({"job_id": str(job.id), "shard_indexes": [shard.index for shard in members]},)
-            header = send.wave_signature(
-                [[shard.task_id, spec, limit[0]] for shard, spec, limit in zip(members, specs, limits, strict=True)],
-                task_id=wave_task_id(members[0].task_id),
-                argsrepr=repr(named),
-                limits=send.ShardLimits(queue, priority, hard * 0.9, hard),
-            )
-        send.send_shard_chord(header, job_id=str(job.id), shard_indexes=[shard.index for shard in members], queue=queue)
+
+
+def _send_wave(job: Job, members: Sequence[Shard], *, queue: str, target: str, priority: int, copies: bool) -> None:
+    """One message of `shards_send` on `target` (the class `queue`, or a slot's own); its callback settles on
+    the class queue's behalf."""
+    limits = [shard_time_limits(job, shard) for shard in members]
+    specs = [shard_spec(job, shard).to_dict() for shard in members]
+    if len(members) == 1:
+        [spec], [(soft, hard)] = specs, limits
+        task_id = members[0].speculative_task_id if copies else members[0].task_id
+        header = send.shard_signature(
+            spec,
+            task_id=task_id,
+            argsrepr=repr(shard_named(spec)),
+            limits=send.ShardLimits(target, priority, soft, hard),
+        )
+    else:
+        # Each shard keeps its own soft limit inside the wave; the wave's are the sum, a backstop.
+        hard = min(sum(shard_hard for _, shard_hard in limits), float(SHARD_HARD_TIME_LIMIT_S))
+        named = ({"job_id": str(job.id), "shard_indexes": [shard.index for shard in members]},)
+        header = send.wave_signature(
+            [[shard.task_id, spec, limit[0]] for shard, spec, limit in zip(members, specs, limits, strict=True)],
+            task_id=wave_task_id(members[0].task_id),
+            argsrepr=repr(named),
+            limits=send.ShardLimits(target, priority, hard * 0.9, hard),
+        )
+    send.send_shard_chord(header, job_id=str(job.id), shard_indexes=[shard.index for shard in members], queue=queue)
 
 
 def wave_task_id(first_task_id: str) -> str:

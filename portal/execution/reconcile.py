@@ -5,8 +5,9 @@ Redis holds messages, results and leases only; the database and storage hold the
 sweep, on the control queue:
 - sends planning again for jobs left `queued` or `planning` by a crash or a lost message;
 - settles shards whose chord callback never came, and gives the scheduler back those that are
-  neither committed, nor held by a live attempt (lease), nor waiting in the broker (their message
-  was lost, e.g. Redis restarted empty); then lets the scheduler fill every queue. Only shards with
+  neither committed, nor held by a live attempt (lease), nor waiting in the broker where a slot will
+  take them (their message was lost, e.g. Redis restarted empty, or waits on the own queue of a slot
+  that died or was drained); then lets the scheduler fill every queue. Only shards with
   no live lease, sent longer ago than `SETTLE_GRACE_S`, are looked at in storage (one MGET of the
   job's leases finds them), and the broker's queues are read only if one of them needs it: a sweep
   costs what went wrong, not how much runs;
@@ -29,6 +30,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from portal.execution.adapter_routes import slot_takes
 from portal.execution.dispatch import job_queue
 from portal.execution.endings import shard_hold_back, shards_requeue
 from portal.execution.scheduler import schedule_all
@@ -88,9 +90,10 @@ def _replan_stalled(now: dt.datetime, pending: PendingView, report: ReconcileRep
         report.planned += 1
 
 
-def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
+def _lost(shard: Shard, pending: PendingView, now: dt.datetime, queue: str) -> bool:
     """No live attempt holds the shard and its message is gone, or is stuck with a worker that
-    stopped renewing its lease (dead or paused) for longer than the visibility timeout."""
+    stopped renewing its lease (dead or paused) for longer than the visibility timeout, or waits on
+    the own queue of a slot that no longer takes it (dead or drained; `adapter_routes`)."""
     if lease_holder(shard_lease_key(str(shard.job_id), shard.index)) is not None:
         return False
     age = (now - shard.dispatched_at).total_seconds() if shard.dispatched_at else float("inf")
@@ -99,8 +102,9 @@ def _lost(shard: Shard, pending: PendingView, now: dt.datetime) -> bool:
         # The broker gives such a message back only after the visibility timeout (and kombu checks
         # rarely); sending it again sooner could run a shard twice while its worker still lives.
         return age > VISIBILITY_TIMEOUT_S
-    # A message sent a moment ago may not be visible yet.
-    return shard.task_id not in view.queued and age > STALE_AFTER_S / 4
+    if age <= STALE_AFTER_S / 4:
+        return False  # a message sent a moment ago may not be visible yet
+    return shard.task_id not in view.queued or bool(shard.slot_queue and not slot_takes(shard.slot_queue, queue))
 
 
 def _unattended(jobs: list[Job], now: dt.datetime) -> dict[str, list[Shard]]:
@@ -139,7 +143,7 @@ def _sweep_job(
     for shard, settled in outcomes:
         if settled is Settled.HELD:
             shard_hold_back(shard)
-        elif settled is Settled.RETRY or (settled is Settled.RUNNING and _lost(shard, pending, now)):
+        elif settled is Settled.RETRY or (settled is Settled.RUNNING and _lost(shard, pending, now, job_queue(job))):
             lost.append(shard)
     if lost:
         report.resent_shards += shards_requeue(
@@ -226,7 +230,9 @@ def _pending_view() -> PendingView:
     @functools.cache
     def read() -> BrokerView | None:
         running = Job.objects.select_related("model__gpu_class").filter(status__in=SETTLING)
-        return pending_task_ids({CONTROL_QUEUE, PLANNING_QUEUE, *(job_queue(job) for job in running)})
+        routed = Shard.objects.filter(status=ShardStatus.DISPATCHED).exclude(slot_queue="").values_list("slot_queue")
+        slot_queues = {slot_queue for (slot_queue,) in routed.distinct()}
+        return pending_task_ids({CONTROL_QUEUE, PLANNING_QUEUE, *slot_queues, *(job_queue(job) for job in running)})
 
     return read
 

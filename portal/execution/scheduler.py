@@ -7,8 +7,9 @@ pure function, shares the window's free places between the waiting jobs in fair-
 transaction, and `dispatch.shards_send` sends them once it commits. Ticks run where places free up
 (`endings`), where a job's shards appear (planning, retry, resume) and at each sweep (`schedule_all`);
 with nothing left to send, idle slots get copies of stragglers. Everything a tick reads is in
-PostgreSQL but the live slots, so after Redis is lost the next sweep rebuilds the queues. The story is
-told in docs/architecture.md (Fair share).
+PostgreSQL but the live slots, so after Redis is lost the next sweep rebuilds the queues. A job that names
+LoRA adapters has its shards sent to slots that hold them where they have room (`adapter_routes`). The
+story is told in docs/architecture.md (Fair share).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
+from portal.execution.adapter_routes import AdapterRoutes, adapter_routes, job_fingerprints
 from portal.execution.capacity import live_slots, queue_slots, wave_for, window_for
 from portal.execution.costs import shard_cost_estimate, shard_seconds_estimate
 from portal.execution.decayed_usage import usage_charge, usage_read
@@ -210,6 +212,7 @@ def _tick(queue: str, *, wait: bool) -> int | None:
         by_id = {str(job.id): job for job in queue_jobs(queue, statuses=SCHEDULABLE, among=list(plan.shards))}
         charges: dict[int, float] = defaultdict(float)
         now = timezone.now()
+        routes: AdapterRoutes | None = None
         for job_id, count in plan.shards.items():
             job = by_id.get(job_id)
             if job is None:
@@ -221,6 +224,9 @@ def _tick(queue: str, *, wait: bool) -> int | None:
                 shards = list(pending[:count])
             tag = new_dispatch_tag()
             shards = _mark_dispatched(job, shards, now, tag)
+            if job.adapters and shards:
+                routes = routes or adapter_routes(queue)
+                _route(shards, routes, job_fingerprints(job))
             for shard in shards:
                 shard.status = ShardStatus.DISPATCHED
                 shard.task_id = new_task_id(job, shard, tag)
@@ -263,7 +269,10 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
         dispatched_at=now,
         attempt=F("attempt") + 1,
         task_id=task_id_column(job, tag),
+        slot_queue="",
     )
+    for shard in shards:
+        shard.slot_queue = ""
     if claimed == len(shards):
         return shards
     # Rare (a settling raced this tick): those claimed carry this tick's tag.
@@ -276,6 +285,18 @@ def _mark_dispatched(job: Job, shards: list[Shard], now: dt.datetime, tag: str) 
         "job %s: %d of %d shards settled before this tick could send them", job.id, len(shards) - claimed, len(shards)
     )
     return [shard for shard in shards if shard.pk in mine]
+
+
+def _route(shards: list[Shard], routes: AdapterRoutes, fingerprints: frozenset[str]) -> None:
+    """Send each of a job's claimed shards to a slot holding its adapters where one has room
+    (`adapter_routes`), saved on the rows before any message goes."""
+    by_queue: dict[str, list[int]] = defaultdict(list)
+    for shard in shards:
+        shard.slot_queue = routes.route(fingerprints)
+        if shard.slot_queue:
+            by_queue[shard.slot_queue].append(shard.pk)
+    for slot_queue, pks in by_queue.items():
+        Shard.objects.filter(pk__in=pks).update(slot_queue=slot_queue)
 
 
 def _nothing_to_send() -> bool:

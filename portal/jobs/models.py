@@ -198,7 +198,7 @@ class Shard(models.Model):
     slot_queue = models.CharField(
         max_length=300,
         blank=True,
-        help_text="The one slot's queue its last dispatch went to (it held the job's adapters); empty: the class queue.",
+        help_text="The own queue of the slot its last dispatch went to (it held the job's adapters); empty: none.",
     )
     attempt = models.PositiveIntegerField(default=0, help_text="Times the shard was dispatched.")
     attempt_id = models.CharField(max_length=64, blank=True, help_text="The committed attempt.")

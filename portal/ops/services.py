@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 
 from portal.audit.services import Target, actor_label, audit_record
 from tasks.app import app
+from tasks.shared.config import slot_own_queue
 from tasks.shared.fleet import DRAINING_TTL_S, draining_key
 from tasks.shared.redis_client import redis_client
 
@@ -22,7 +23,11 @@ DRAIN_REPLY_TIMEOUT_S = 2.0
 
 
 def slot_drain(*, worker: str, queue: str, actor: User | None) -> bool:
-    """Tell the slot's worker (a Celery node name) to stop consuming `queue`; True once it confirms.
+    """Tell the slot's worker (a Celery node name) to stop consuming `queue`, and its own queue
+    (`slot_own_queue`); True once it confirms the first.
+
+    Shards routed to its own queue and not yet taken are sent again by the reconciler, which sends
+    nothing to a draining slot.
 
     A confirmed drain is marked in Redis, so the fleet page shows it, and audited. False when the
     worker did not answer: nothing is marked or recorded.
@@ -31,6 +36,7 @@ def slot_drain(*, worker: str, queue: str, actor: User | None) -> bool:
     if not any(worker in reply for reply in replies or []):
         logger.warning("drain of %s (%s): the worker did not answer", worker, queue)
         return False
+    app.control.cancel_consumer(slot_own_queue(queue, worker), destination=[worker], reply=False)
     mark = {"queue": queue, "at": time.time(), "by": actor_label(actor)}
     redis_client().set(draining_key(worker), json.dumps(mark), ex=DRAINING_TTL_S)
     audit_record(

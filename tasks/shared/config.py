@@ -144,6 +144,13 @@ def gpu_queue(gpu_class: str, gpus_per_replica: int = 1) -> str:
     return name if gpus_per_replica == 1 else f"{name}.x{gpus_per_replica}"
 
 
+def slot_own_queue(queue: str, worker: str) -> str:
+    """The queue only one slot consumes, beside its class's `queue`: the scheduler sends there the shards of a
+    job whose LoRA adapters that slot holds (`portal.execution.adapter_routes`). Named by the slot's
+    Celery node name (`worker`), which is unique in the fleet and the same across its restarts."""
+    return f"{queue}.slot.{worker}"
+
+
 def queue_readings(queue: str) -> list[tuple[str, int]]:
     """Every (GPU class, GPUs a replica) whose `gpu_queue` is `queue`, the plain class first: a class
     may itself be named like a size suffix (`a100.x2`). Empty for the control queue."""

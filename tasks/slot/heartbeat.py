@@ -2,8 +2,9 @@
 
 The portal lists the fleet from these keys; a slot that dies stops renewing and drops out within
 one TTL. Only processes started by the launcher (which sets BATCHERY_SLOT) send heartbeats. A beat
-names the slot's Celery worker and queue (BATCHERY_WORKER_NAME, BATCHERY_QUEUE, also set by the
-launcher) so that operators can drain it; a drained worker is marked under `draining_key`.
+names the slot's Celery worker and queues (BATCHERY_WORKER_NAME, BATCHERY_QUEUE, BATCHERY_OWN_QUEUE, also
+set by the launcher) so that operators can drain it, and the LoRA adapters it holds, by fingerprint, so that
+the scheduler can send it the shards that name them; a drained worker is marked under `draining_key`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 from redis.client import Pipeline
 
 from gpuworkers.cache import process_cache
-from gpuworkers.settings import slot_gpu_class, slot_name, slot_queue, slot_worker_name
+from gpuworkers.settings import slot_gpu_class, slot_name, slot_own_queue, slot_queue, slot_worker_name
 from gpuworkers.telemetry import gpu_telemetry
 from tasks.shared.config import HEARTBEAT_INTERVAL_S
 from tasks.shared.fleet import FLEET_INDEX_KEY, HEARTBEAT_TTL_S, LAST_SEEN_KEY, draining_key, heartbeat_key
@@ -48,7 +49,10 @@ def slot_heartbeat() -> dict[str, Any]:
         "pid": os.getpid(),
         "worker": slot_worker_name(),
         "queue": slot_queue(),
+        "own_queue": slot_own_queue(),
         "loaded_models": [f"{name}@{version}" for name, version in process_cache().resident()],
+        # Fingerprints, not names: the fleet's beats are read by every operator, and name no tenant's adapter.
+        "adapters": process_cache().loaded_adapters(),
         "current_shard": slot_state.current_shard,
         "telemetry": gpu_telemetry(gpus),
         "at": time.time(),

@@ -11,7 +11,7 @@ poison record costs about log2(micro-batch size) extra attempts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -19,6 +19,7 @@ import orjson
 from gpuworkers.batching import Items, RecordResult, run_records
 from gpuworkers.engines import Engine
 from tasks.shared.storage import ObjectStore, StorageError, join_uri
+from tasks.slot.record_adapters import named_models
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +107,11 @@ def run_checkpointed(
     attempt_no: int,
     give_up_in_flight: bool,
     should_stop: Callable[[], bool],
+    adapter_keys: Mapping[str, str],
     propagate: tuple[type[BaseException], ...] = (),
 ) -> Iterator[bytes] | None:
-    """Run what is left of the shard; return its output lines in order, or None if told to stop."""
+    """Run what is left of the shard; return its output lines in order, or None if told to stop. A record
+    that ran with an adapter answers naming it, as on the plain path (`record_adapters.named_models`)."""
     finished = _finished_ranges(store, prefix)
     crashed = _range_in_flight(store, prefix)
     if crashed in finished:
@@ -125,8 +128,11 @@ def run_checkpointed(
             return None
         with store.open_write(join_uri(prefix, "inflight.json")) as marker:
             marker.write(orjson.dumps({"start": span[0], "end": span[1]}))
-        results = run_records(
-            engine, items[span[0] : span[1]], params=params, micro_batch_size=span[1] - span[0], propagate=propagate
+        results = named_models(
+            run_records(
+                engine, items[span[0] : span[1]], params=params, micro_batch_size=span[1] - span[0], propagate=propagate
+            ),
+            adapter_keys,
         )
         with store.open_write(_range_uri(prefix, span)) as output:
             for result in results:

@@ -184,6 +184,7 @@ def _run_attempt(
             attempt_no=attempt_no,
             give_up_in_flight=attempt_no >= SHARD_MAX_ATTEMPTS,
             should_stop=stopped,
+            adapter_keys=adapter_keys,
             propagate=(SoftTimeLimitExceeded,),
         )
         lines = None if checkpointed is None else _from_lines(checkpointed)

@@ -75,6 +75,22 @@ def test_a_declared_body_over_its_limit_is_refused_413_unread(path: str, content
     assert "Connection" not in headers
 
 
+def test_the_message_batches_api_refuses_an_oversized_or_chunked_body_in_anthropics_shape() -> None:
+    status, headers, body = _call_wsgi("/v1/messages/batches", "application/json", str(50 * 1024**3), x_api_key="k")
+    assert status.startswith("413")
+    answer = json.loads(body)
+    assert answer["type"] == "error" and answer["error"]["type"] == "request_too_large"
+    assert "BATCHERY_MAX_REQUEST_BYTES" in answer["error"]["message"]
+    assert headers["x-should-retry"] == "false", "Anthropic's clients would retry it otherwise"
+
+    status, _, body = _call_wsgi("/v1/messages/batches", "application/json", "", transfer_encoding="chunked")
+    assert status.startswith("411")
+    assert json.loads(body)["error"] == {
+        "type": "invalid_request_error",
+        "message": "a request body must come with its Content-Length (not chunked)",
+    }
+
+
 def test_the_portal_submit_form_refuses_an_oversized_upload_unread(settings: Any) -> None:
     settings.BATCHERY_MAX_UPLOAD_BYTES = 1024 * 1024
     status, _, body = _call_wsgi("/jobs/new/", "multipart/form-data; boundary=x", str(3 * 1024 * 1024))

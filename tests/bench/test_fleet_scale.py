@@ -20,7 +20,7 @@ def test_the_fleet_bench_reads_every_slot_it_wrote_and_cleans_up() -> None:
     assert set(reads) == {
         "fleet_slots",
         "fleet_overview",
-        "capacity _slots_by_queue",
+        "capacity _fleet",
         "fleet page",
         "fleet page, polled part",
         "admin fleet",

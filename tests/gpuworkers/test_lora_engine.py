@@ -27,6 +27,11 @@ def _adapter(directory: Path, name: str) -> dict[str, Any]:
     return AdapterSpec(name=name, version="1", source=str(directory), rank=4).to_dict()
 
 
+def _held(tiny: dict[str, Path], *names: str) -> list[str]:
+    """The fingerprints an engine keeps these adapters under (`AdapterSpec.fingerprint`), in this order."""
+    return [AdapterSpec.from_dict(_adapter(tiny[name], name)).fingerprint for name in names]
+
+
 def _merged(base: Path, adapter: Path, target: Path) -> Path:
     """The base model with the adapter merged into its weights, saved as a model of its own."""
     from peft import PeftModel
@@ -86,7 +91,8 @@ def test_records_of_different_adapters_in_one_micro_batch_each_get_their_own_ada
         assert result.response is not None
         assert result.response["text"] == engine.run_batch([prompt], params)[0]["text"]
     assert engine._adapters is not None
-    assert sorted(engine._adapters.loaded) == ["alpha@1", "beta@1", "gamma@1"]
+    assert sorted(engine._adapters.loaded) == sorted(_held(tiny, "alpha", "beta", "gamma"))
+    assert engine.loaded_adapters() == engine._adapters.loaded, "what the slot's heartbeat reports"
 
 
 def test_past_the_limit_the_least_recently_used_adapter_is_dropped_and_loaded_again_when_asked(
@@ -99,10 +105,21 @@ def test_past_the_limit_the_least_recently_used_adapter_is_dropped_and_loaded_ag
     for name in ("beta", "gamma"):
         _texts(engine, {**GREEDY, ADAPTER_PARAM: _adapter(tiny[name], name)})
     assert engine._adapters is not None
-    assert engine._adapters.loaded == ["beta@1", "gamma@1"]
+    assert engine._adapters.loaded == _held(tiny, "beta", "gamma")
 
     assert _texts(engine, {**GREEDY, ADAPTER_PARAM: _adapter(tiny["alpha"], "alpha")}) == first
-    assert engine._adapters.loaded == ["gamma@1", "alpha@1"]
+    assert engine._adapters.loaded == _held(tiny, "gamma", "alpha")
+
+
+def test_two_tenants_adapters_of_one_name_and_version_are_kept_apart(tiny: dict[str, Path]) -> None:
+    # Names are unique per owner only: one slot may serve acme's "alpha@1" and globex's.
+    engine = TransformersEngine(_spec(tiny["base"]))
+    engine.load(device="cpu")
+    acme = _texts(engine, {**GREEDY, ADAPTER_PARAM: _adapter(tiny["alpha"], "alpha")})
+    globex = _texts(engine, {**GREEDY, ADAPTER_PARAM: _adapter(tiny["beta"], "alpha")})
+
+    assert globex == _texts(engine, {**GREEDY, ADAPTER_PARAM: _adapter(tiny["beta"], "beta")})
+    assert acme != globex
 
 
 def test_an_adapter_without_safetensors_weights_fails_its_records_alone(tiny: dict[str, Path], tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ def test_four_gpus_in_slots_of_two_consume_the_x2_queue_of_their_class() -> None
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert env["REMAP_SIGTERM"] == "SIGQUIT", "SIGTERM is a soft shutdown, bounded in time"
     command = worker_command(slots[1], app="tasks.app", hostname="h", loglevel="INFO")
-    assert command[command.index("--queues") + 1] == "gpu.test.x2"
+    # Its class's queue, and its own, where the scheduler sends the shards of the adapters it holds.
+    assert command[command.index("--queues") + 1] == "gpu.test.x2,gpu.test.x2.slot.slot1-test@h"
+    assert env["BATCHERY_OWN_QUEUE"] == f"gpu.test.x2.slot.{env['BATCHERY_WORKER_NAME']}"
     assert command[command.index("--concurrency") + 1] == "1"
     assert command[command.index("--hostname") + 1] == "slot1-test@h"
 

@@ -18,7 +18,7 @@ from gpuworkers.engines import EngineLoadError, create_engine
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import ParamError
 from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
-from gpuworkers.spec import ModelSpec
+from gpuworkers.spec import AdapterSpec, ModelSpec
 from tests.support.vllm_standins import (
     CompletionOutput,
     EmbeddingOutput,
@@ -520,11 +520,13 @@ def test_with_lora_enabled_each_prompt_goes_with_its_adapters_request_in_one_cal
     engine.run_requests(["e"], [{"max_tokens": 4, ADAPTER_PARAM: {**adapter, "name": "beta", "source": str(beta)}}])
 
     assert [call[:2] for call in llm.calls] == [("generate", ["a", "b", "c", "d"]), ("generate", ["e"])]
-    first = FakeLoRARequest("alpha@1", 1, str(alpha))
-    second = FakeLoRARequest("beta@1", 2, str(beta))
+    # Named by fingerprint: another tenant's "alpha@1" is other files.
+    first = FakeLoRARequest(AdapterSpec.from_dict(adapter).fingerprint, 1, str(alpha))
+    second = FakeLoRARequest(AdapterSpec.from_dict(params[2][ADAPTER_PARAM]).fingerprint, 2, str(beta))
     assert llm.loras == [[first, None, second, first], [second]]
     # One request an adapter and a process: its source is resolved (an s3:// one listed) once, not a prompt.
     assert llm.loras[0][0] is llm.loras[0][3] and llm.loras[0][2] is llm.loras[1][0]
+    assert engine.loaded_adapters() == [first.lora_name, second.lora_name]
 
 
 def test_a_prompt_without_an_adapter_sends_no_lora_request_and_a_model_without_lora_refuses_one(

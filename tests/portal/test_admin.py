@@ -30,6 +30,7 @@ from portal.jobs.services.submit import job_submit
 from portal.ops.selectors import FLEET_HOSTS_PER_PAGE
 from portal.ops.services import slot_drain
 from portal.tenancy.models import Membership, Quota, Tenant
+from tasks.shared.config import slot_own_queue
 from tasks.shared.fleet import FLEET_KEY_PREFIX, draining_key, heartbeat_key
 from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import store_for
@@ -434,11 +435,12 @@ def test_slot_drain_marks_the_slot_draining_and_audits_it_once_the_worker_confir
 
     def cancel_consumer(queue: str, destination: list[str], **kwargs: Any) -> list[dict[str, Any]]:
         sent.append((queue, destination))
-        return [{worker: {"ok": f"no longer consuming from {queue}"}}] if kwargs["reply"] else []
+        return [{worker: {"ok": f"no longer consuming from {queue}"}}] if kwargs.get("reply") else []
 
     monkeypatch.setattr(app.control, "cancel_consumer", cancel_consumer)
     assert slot_drain(worker=worker, queue="gpu.h100-80gb", actor=operator)
-    assert sent == [("gpu.h100-80gb", [worker])]
+    # Its own queue too, where the scheduler sends it the shards of the adapters it holds.
+    assert sent == [("gpu.h100-80gb", [worker]), (slot_own_queue("gpu.h100-80gb", worker), [worker])]
     (row,) = [slot for slot in admin_client.get(FLEET_URL).context["slots"] if slot["worker"] == worker]
     assert row["draining"] is True
     (entry,) = AuditEntry.objects.filter(action="slot.drained")
