@@ -365,6 +365,38 @@ BATCHERY_FIRST_SHARD_SECONDS = env_float(
 BATCHERY_MAX_SHARD_RECORDS = env_int(
     "BATCHERY_MAX_SHARD_RECORDS", 10_000, minimum=1, doc="The most records in a shard cut by cost."
 )
+# Prefix grouping (portal.execution.prefix_groups): the planner of a chat or generation job keeps the
+# records whose prompts begin alike in the same shards, so that a prefix's KV cache is computed in a
+# few shards instead of in every one. Records begin alike when their first BATCHERY_PREFIX_GROUP_CHARS
+# characters are equal; a beginning forms a group when at least BATCHERY_PREFIX_GROUP_MIN_RECORDS
+# records share it, and at most BATCHERY_PREFIX_MAX_GROUPS groups are formed (each holds a shard open
+# while the planner writes). A grouped job's first shard starts once its input has been read.
+BATCHERY_PREFIX_GROUPING = env_bool(
+    "BATCHERY_PREFIX_GROUPING",
+    True,
+    doc="The planner groups the records of chat and generation jobs whose prompts begin alike into the same "
+    "shards (a job's `prefix_reuse: false` turns it off for that job).",
+)
+BATCHERY_PREFIX_GROUP_CHARS = env_int(
+    "BATCHERY_PREFIX_GROUP_CHARS",
+    2000,
+    minimum=1,
+    doc="Characters of a prompt's beginning (a chat's messages before its last, or a prompt's text) whose "
+    "equality puts records in one prefix group.",
+)
+BATCHERY_PREFIX_GROUP_MIN_RECORDS = env_int(
+    "BATCHERY_PREFIX_GROUP_MIN_RECORDS",
+    64,
+    minimum=2,
+    doc="The fewest records sharing a prompt beginning that form a prefix group; fewer stay in input order.",
+)
+BATCHERY_PREFIX_MAX_GROUPS = env_int(
+    "BATCHERY_PREFIX_MAX_GROUPS",
+    24,
+    minimum=1,
+    doc="The most prefix groups one job is planned in (the largest first): the planner holds a shard open for "
+    "each, on S3 with a part's buffer (BATCHERY_S3_PART_BYTES).",
+)
 BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float(
     "BATCHERY_DEFAULT_SECONDS_PER_RECORD",
     0.05,

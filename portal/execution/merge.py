@@ -13,6 +13,9 @@ cursor beside the job's objects says how far each got. The merge at the end appe
 publishes, so a job ends moments after its last shard. The bytes are those of a merge done whole at
 the end; a stopped job, a retry round, or a staged copy found lost is merged whole, as before.
 
+A prefix-grouped job (`plan_grouped.py`) is merged whole at the end, its shards' lines put in input
+order by their positions (`merge_order.py`); the bytes are those of the same job planned ungrouped.
+
 When a job is stopped (cancelled, expired) the merge does not wait: committed shards are kept and
 every other record becomes an error line with the stop reason as its code.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
@@ -31,7 +34,9 @@ import redis
 from django.utils import timezone
 
 from portal.execution.locks import held_unless_taken
+from portal.execution.merge_order import write_errors_in_input_order, write_in_input_order
 from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
+from portal.execution.shard_outcomes import ShardOutcome, unfinished_lines, unfinished_shard_lines
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from portal.jobs.transitions import job_fail, job_transition
@@ -61,16 +66,6 @@ MERGE_LOCK = "batchery:merge:{job_id}"
 """The advisory lock (`locks.held_unless_taken`) a job's merge holds, in whichever control process runs it."""
 # A merge waits this long for a running advance to finish; a dead advance's lease lapses sooner.
 ADVANCE_WAIT_S = 2 * LEASE_TTL_S
-
-
-@dataclass(frozen=True)
-class ShardOutcome:
-    shard: Shard
-    manifest: ShardManifest | None
-    """The committed attempt, or None when the shard failed for good or was stopped."""
-    failure: str = ""
-    code: str = "shard_failed"
-    """Error code given to the records of a shard without a committed attempt."""
 
 
 def _record_outcome(outcome: ShardOutcome) -> None:
@@ -175,8 +170,12 @@ def _stage(job: Job, cursor: MergeCursor, outcomes: list[ShardOutcome], *, publi
     staged_output: StagedState | None = None
     staged_errors: StagedState | None = None
     if publish:
-        staged_publish(job.output_uri, cursor.output, lambda target: _write_outputs(outputs, target))
-        staged_publish(job.errors_uri, cursor.errors, lambda target: _write_errors(errors, target))
+        # A grouped job is never staged ahead (`job_merge_advance`): its outcomes are all of them.
+        write_outputs, write_errors = (_write_outputs, _write_errors)
+        if job.prefix_groups:
+            write_outputs, write_errors = write_in_input_order, write_errors_in_input_order
+        staged_publish(job.output_uri, cursor.output, lambda target: write_outputs(outputs, target))
+        staged_publish(job.errors_uri, cursor.errors, lambda target: write_errors(errors, target))
         staged_output, staged_errors = StagedState(), StagedState()
     else:
         if _enough_to_stage(job.output_uri, outputs, lambda manifest: manifest.output_uri):
@@ -207,7 +206,7 @@ def _enough_to_stage(uri: str, outcomes: list[ShardOutcome], source_of: Callable
     total = 0
     for outcome in outcomes:
         if outcome.manifest is None:
-            total += sum(len(line) for _, line in _unfinished_lines(outcome))
+            total += sum(len(line) for _, line in unfinished_lines(outcome))
         else:
             source = source_of(outcome.manifest)
             total += store_for(source).size(source) if source else 0
@@ -226,28 +225,12 @@ def _shard_failures(outcomes: list[ShardOutcome]) -> tuple[str, ...]:
     return tuple(f"shard {o.shard.index}: {o.failure}" for o in outcomes if o.manifest is None)
 
 
-def _unfinished_lines(outcome: ShardOutcome) -> list[tuple[str, bytes]]:
-    error = {"code": outcome.code, "message": outcome.failure}
-    with store_for(outcome.shard.input_uri).open_read(outcome.shard.input_uri) as source:
-        ids = [orjson.loads(raw)["custom_id"] for raw in source]
-    return [
-        (custom_id, orjson.dumps({"custom_id": custom_id, "error": error}, option=orjson.OPT_APPEND_NEWLINE))
-        for custom_id in ids
-    ]
-
-
-def unfinished_shard_lines(outcome: ShardOutcome) -> Iterator[bytes]:
-    """What the output and the error file hold for a shard without a committed attempt: an error line
-    per record (the partial download, `portal.jobs.services.partial`, reads them here too)."""
-    return (line for _, line in _unfinished_lines(outcome))
-
-
 def _replacements(outcomes: list[ShardOutcome]) -> dict[str, bytes]:
     """The new line of every record a retry round ran (bounded by the records retried)."""
     lines: dict[str, bytes] = {}
     for outcome in outcomes:
         if outcome.manifest is None:
-            lines.update(_unfinished_lines(outcome))
+            lines.update(unfinished_lines(outcome))
             continue
         with store_for(outcome.manifest.output_uri).open_read(outcome.manifest.output_uri) as source:
             for raw in source:
@@ -286,7 +269,9 @@ def _write_parquet(job: Job, outcomes: list[ShardOutcome]) -> None:
     """The Parquet output: the shards' committed Parquet pieces concatenated, or where a shard has
     none (it ran before pieces, or its rows did not fit), the stitched JSONL converted."""
     target = parquet_output_uri(job_root(job))
-    if not job.retry_round and all(o.manifest is None or o.manifest.parquet_uri for o in outcomes):
+    # A grouped job's pieces are not in input order: its JSONL, merged in order, is converted.
+    pieces = all(o.manifest is None or o.manifest.parquet_uri for o in outcomes)
+    if not job.retry_round and not job.prefix_groups and pieces:
         try:
             with store_for(target).open_write(target) as out:
                 merge_pieces([_piece_source(outcome) for outcome in outcomes], out, task=job.model.task)
@@ -340,10 +325,11 @@ def _stopped_outcomes(shards: list[Shard], reason: str) -> list[ShardOutcome]:
 def job_merge_advance(*, job_id: str, worker: str = "advance") -> None:
     """Stitch the first round's settled shards that follow what is stitched already, while the
     job's later shards run; what this leaves (a lease held, a store that failed) the next call or
-    the merge at the end takes."""
+    the merge at the end takes. A prefix-grouped job is not stitched ahead: its shards' records
+    interleave, so no shard's lines are final before the last shard settles."""
     try:
         job = Job.objects.get(pk=job_id)
-        if job.status not in ADVANCING or job.retry_round:
+        if job.status not in ADVANCING or job.retry_round or job.prefix_groups:
             return
         # A lease taken without Redis excludes nobody, and two stitchers could race the merge's
         # publish: without Redis, the merge at the end does it all.
@@ -354,7 +340,7 @@ def job_merge_advance(*, job_id: str, worker: str = "advance") -> None:
             if lease_holder(job_lease_key("merge", job_id)) is not None:
                 return
             job.refresh_from_db()
-            if job.status in ADVANCING and not job.retry_round:
+            if job.status in ADVANCING and not job.retry_round and not job.prefix_groups:
                 _advance(job)
     except (LeaseHeld, redis.RedisError):
         return

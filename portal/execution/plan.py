@@ -23,22 +23,27 @@ An input too large to count at submission (`BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTE
 tenant's `max_queued_records` here instead: the job fails, as for a bad line, once its records read so
 far no longer fit beside the tenant's other queued records.
 
+A chat or generation job whose prompts begin alike in groups (`prefix_groups.py`) is planned grouped
+instead: a first pass counts the prompt beginnings, and the records of each group go into shards of
+their own (`plan_grouped.py`), whose rows are all created in one transaction once every shard input
+is written. So a grouped job starts its first shard after its input has been read (twice). The
+first pass gives up after PROBE_RECORDS records where no beginning is shared enough, and the job is
+planned streaming as above.
+
 A planner that died is replaced by the reconciler once its lease has lapsed and the job's
 `updated_at` (touched by a live planner every few seconds) has gone stale. The new planner reads the
 input again from its start, to check it whole, but writes only past the shards already created:
-shards that ran are neither cut again nor sent twice.
+shards that ran are neither cut again nor sent twice. A grouped job's plan is all or nothing: with
+rows, it is only checked again; without, planned again from scratch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, suppress
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
 from typing import BinaryIO
 
-import orjson
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Sum
@@ -46,12 +51,15 @@ from django.utils import timezone
 
 from portal.execution.dispatch import job_queue, shards_revoke
 from portal.execution.endings import merge_when_settled
+from portal.execution.plan_grouped import GroupedShardWriter, grouped_shards_create
+from portal.execution.prefix_groups import PrefixGrouping, prefix_grouping, prefix_key_for
 from portal.execution.scheduler import schedule_job, schedule_queue
-from portal.execution.shard_cut import ShardCut, ShardCutter
+from portal.execution.shard_cut import PlannedShard, ShardCut
+from portal.execution.shard_writer import ShardWriter
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
-from portal.jobs.storage_layout import job_root, shard_input_uri, shard_prefix
+from portal.jobs.storage_layout import job_root, shard_prefix
 from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
@@ -78,91 +86,6 @@ follow it: a burst of small shards is one statement and one commit about every R
 each (a thousand one-record shards spent a fifth of the control worker's time inserting their rows one
 by one). No row waits past the scheduler's next tick from the planner, nor much past ROWS_WAIT_S."""
 ROWS_PER_INSERT = 500
-
-
-@dataclass(frozen=True)
-class PlannedShard:
-    index: int
-    first_record: int
-    record_count: int
-    input_uri: str
-    input_chars: int = 0
-    estimated_seconds: float = 0.0
-
-
-class ShardWriteAborted(Exception):
-    """Thrown into an open shard writer so that it discards what it holds."""
-
-
-class ShardWriter:
-    """Writes records into consecutive shard inputs, each ended where `cut` says; `input_field` is
-    the record field whose characters count. The first shard is numbered `first_index` and starts at
-    record `first_record`; `on_shard` is called with each shard once its input is written whole."""
-
-    def __init__(
-        self,
-        root: str,
-        cut: ShardCut,
-        *,
-        input_field: str,
-        first_index: int = 0,
-        first_record: int = 0,
-        on_shard: Callable[[PlannedShard], None] | None = None,
-        bytes_read: Callable[[], int | None] | None = None,
-    ) -> None:
-        self._root = root
-        self._cutter = ShardCutter(
-            cut, input_field=input_field, first_number=first_index, first_record=first_record, bytes_read=bytes_read
-        )
-        self._first_index = first_index
-        self._first_record = first_record
-        self._on_shard = on_shard
-        self._stack = ExitStack()
-        self._handle: BinaryIO | None = None
-        self.shards: list[PlannedShard] = []
-
-    def add(self, record: Record) -> None:
-        if self._cutter.add(record):
-            self._rotate()
-        assert self._handle is not None
-        self._handle.write(orjson.dumps(record.data, option=orjson.OPT_APPEND_NEWLINE))
-
-    def _rotate(self) -> None:
-        self._finish_current()
-        index = self._first_index + len(self.shards)
-        uri = shard_input_uri(self._root, index)
-        self._handle = self._stack.enter_context(store_for(uri).open_write(uri))
-        self.shards.append(PlannedShard(index=index, first_record=0, record_count=0, input_uri=uri))
-
-    def _finish_current(self) -> None:
-        """Close the shard being written and fill in its counts, once the cutter has ended it."""
-        if self._handle is None:
-            return
-        self._stack.close()
-        self._stack = ExitStack()
-        self._handle = None
-        cut = self._cutter.ended[len(self.shards) - 1]
-        self.shards[-1] = replace(
-            self.shards[-1],
-            first_record=self._first_record + cut.first_record,
-            record_count=cut.record_count,
-            input_chars=cut.input_chars,
-            estimated_seconds=cut.estimated_seconds,
-        )
-        if self._on_shard is not None:
-            self._on_shard(self.shards[-1])
-
-    def close(self) -> list[PlannedShard]:
-        self._cutter.close()
-        self._finish_current()
-        return self.shards
-
-    def abort(self) -> None:
-        """Discard the shard being written: its writer exits with an error, so it never appears."""
-        aborted = ShardWriteAborted("planning stopped")
-        with suppress(ShardWriteAborted):
-            self._stack.__exit__(ShardWriteAborted, aborted, None)
-        self._handle = None
 
 
 def job_input_options(job: Job) -> InputOptions:
@@ -243,6 +166,16 @@ class TooManyShards(Exception):
     """The job's input needs more shards than one job may have (`BATCHERY_MAX_SHARDS_PER_JOB`)."""
 
 
+def shard_within_limit(planned: PlannedShard) -> None:
+    """Raise TooManyShards once a job's shards pass BATCHERY_MAX_SHARDS_PER_JOB."""
+    limit = settings.BATCHERY_MAX_SHARDS_PER_JOB
+    if planned.index >= limit:
+        raise TooManyShards(
+            f"the input needs more than {limit} shards, the most one job may have "
+            "(BATCHERY_MAX_SHARDS_PER_JOB): give a larger shard_size or split the input into several jobs"
+        )
+
+
 class StreamingDispatch:
     """Creates each shard's row soon after its input is written and, while the input is still being
     read, has the scheduler send shards: at the first shard, then at most every SCHEDULE_EVERY_S.
@@ -262,12 +195,7 @@ class StreamingDispatch:
         """False once the input has been read: planning's end schedules the last shards."""
 
     def shard_written(self, planned: PlannedShard) -> None:
-        limit = settings.BATCHERY_MAX_SHARDS_PER_JOB
-        if planned.index >= limit:
-            raise TooManyShards(
-                f"the input needs more than {limit} shards, the most one job may have "
-                "(BATCHERY_MAX_SHARDS_PER_JOB): give a larger shard_size or split the input into several jobs"
-            )
+        shard_within_limit(planned)
         self._waiting.append(
             Shard(
                 job_id=self._job_id,
@@ -325,22 +253,66 @@ def _planned_so_far(job: Job) -> tuple[int, int]:
     return planned["shards"], planned["records"] or 0
 
 
+def _prefix_grouping(job: Job, *, input_field: str, dispatch: StreamingDispatch) -> PrefixGrouping | None:
+    """The groups a job is planned in (`prefix_groups.py`), from a first pass over its records up to its
+    first bad one (the pass that writes the shards names the bad lines); None: planned ungrouped."""
+    key = prefix_key_for(job)
+    if key is None:
+        return None
+    check = JsonlCheck()
+
+    def records() -> Iterator[Record]:
+        for record in iter_records(
+            lambda: input_open(job.input_uri),
+            uri=job.input_uri,
+            options=job_input_options(job),
+            input_field=input_field,
+            check=check,
+            max_problems=1,
+            limits=input_limits(job.tenant_id),
+        ):
+            if check.problem_count:
+                return
+            yield record
+            if check.records % HEARTBEAT_RECORDS == 0:
+                dispatch.records_read()
+
+    return prefix_grouping(key, records())
+
+
 def _cut_shards(
-    job: Job, *, input_field: str, max_problems: int, dispatch: StreamingDispatch, resumed: bool
+    job: Job,
+    *,
+    input_field: str,
+    max_problems: int,
+    dispatch: StreamingDispatch,
+    resumed: bool,
+    grouping: PrefixGrouping | None = None,
 ) -> JsonlCheck:
     # A job planned for the first time has no shards yet: only a resumed planner looks.
     first_index, covered = _planned_so_far(job) if resumed else (0, 0)
     check = JsonlCheck()
     position = InputPosition()
-    writer = ShardWriter(
-        job_root(job),
-        ShardCut.for_job(job),
-        input_field=input_field,
-        first_index=first_index,
-        first_record=covered,
-        on_shard=dispatch.shard_written,
-        bytes_read=position,
-    )
+    writer: ShardWriter | GroupedShardWriter
+    if grouping is not None:
+        # Rows only once every input is written (plan_grouped.py); a grouped job has no rows before.
+        writer = GroupedShardWriter(
+            job_root(job),
+            ShardCut.for_job(job),
+            input_field=input_field,
+            grouping=grouping,
+            on_shard=shard_within_limit,
+        )
+    else:
+        writer = ShardWriter(
+            job_root(job),
+            ShardCut.for_job(job),
+            input_field=input_field,
+            first_index=first_index,
+            first_record=covered,
+            on_shard=dispatch.shard_written,
+            bytes_read=position,
+        )
     writing = True
     room = records_room(job)
     adapters = JobAdapters(job.tenant, job.model, job.adapters)
@@ -363,7 +335,8 @@ def _cut_shards(
                     # A bad line: the shard being written never gets a row; the check reads on.
                     writer.abort()
                     writing = False
-            elif check.records > covered:
+            elif check.records > covered and not job.prefix_groups:
+                # A grouped job with rows has its whole plan: its records are only checked again.
                 writer.add(record)
             if check.records % HEARTBEAT_RECORDS == 0:
                 dispatch.records_read()
@@ -377,7 +350,11 @@ def _cut_shards(
         raise
     dispatch.reading = False
     if check.ok:
-        writer.close()
+        planned = writer.close()
+        if isinstance(writer, GroupedShardWriter) and not grouped_shards_create(
+            job=job, shards=planned, groups=writer.groups
+        ):
+            raise PlanningStopped(f"job {job.id} is no longer planning, or another planner created its shards")
     elif writing:
         writer.abort()
     dispatch.insert_rows()
@@ -407,9 +384,13 @@ def _plan(job_id: str, *, resumed: bool) -> None:
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     dispatch = StreamingDispatch(job)
+    input_field = input_field_for(job.model.task)
     try:
+        # A job with shards already keeps its plan: streamed (resumed after them), or grouped (whole).
+        planned = resumed and job.shards.filter(round=0).exists()
+        grouping = None if planned else _prefix_grouping(job, input_field=input_field, dispatch=dispatch)
         check = _cut_shards(
-            job, input_field=input_field_for(job.model.task), max_problems=limit, dispatch=dispatch, resumed=resumed
+            job, input_field=input_field, max_problems=limit, dispatch=dispatch, resumed=resumed, grouping=grouping
         )
     except PlanningStopped:
         logger.info("job %s left planning while its input was read; planning stops", job_id)
@@ -425,6 +406,9 @@ def _plan(job_id: str, *, resumed: bool) -> None:
         return
     if not check.ok:
         _refuse(job, f"input rejected: {check.summary(limit=limit)}")
+        return
+    if job.prefix_groups and _planned_so_far(job)[1] != check.records:
+        _refuse(job, f"the input changed while it was planned: {check.records} records, the plan holds others")
         return
 
     shard_count = job.shards.filter(round=0).count()

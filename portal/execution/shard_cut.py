@@ -149,6 +149,20 @@ class CutShard:
     estimated_seconds: float
 
 
+@dataclass(frozen=True)
+class PlannedShard:
+    """A shard whose input the planner has written whole, before its row exists."""
+
+    index: int
+    first_record: int
+    """Its first record's position (0-based) in the records it was cut from: the job's input, or for a
+    retry round the records retried."""
+    record_count: int
+    input_uri: str
+    input_chars: int = 0
+    estimated_seconds: float = 0.0
+
+
 class ShardCutter:
     """Follows `cut` over records in input order and says where each shard starts, writing nothing:
     the planner's `ShardWriter` and the dry run (`dry_run.py`) cut the same shards through it.

@@ -106,6 +106,10 @@ class Job(models.Model):
     succeeded_records = models.PositiveBigIntegerField(default=0)
     failed_records = models.PositiveBigIntegerField(default=0)
     shard_count = models.PositiveIntegerField(default=0)
+    prefix_groups = models.PositiveIntegerField(
+        default=0,
+        help_text="Prefix groups the planner kept together; 0: each shard holds consecutive records.",
+    )
     retry_round = models.PositiveIntegerField(default=0, help_text="0 until `retry` re-runs failed records.")
     deadline_at = models.DateTimeField(null=True, blank=True, help_text="Past it the job ends `expired`.")
 

@@ -29,6 +29,18 @@ def shard_input_uri(root: str, index: int) -> str:
     return join_uri(root, "input", f"shard-{index:05d}.jsonl")
 
 
+def grouped_shard_input_uri(root: str, plan_id: str, index: int) -> str:
+    """A prefix-grouped job's shard input, under a folder of the one planner run that wrote it: a planner
+    that replaces a dead one writes beside it, never over a file a shard row may already name."""
+    return join_uri(root, "input", f"grouped-{plan_id}", f"shard-{index:05d}.jsonl")
+
+
+def shard_positions_uri(input_uri: str) -> str:
+    """Beside a prefix-grouped shard's input: its records' 0-based positions in the job's input, in the
+    shard's order (ascending), as little-endian unsigned 64-bit integers."""
+    return input_uri.removesuffix(".jsonl") + ".positions"
+
+
 def shard_prefix(root: str, index: int) -> str:
     return join_uri(root, "shards", f"{index:05d}")
 

@@ -16,6 +16,10 @@ The output is JSONL whatever the job's output format: a Parquet file is whole on
 and the JSONL form holds the same records (the final merge writes it before the Parquet copy).
 Only a job's cancellation or expiry, which turns unfinished and failed shards into the stop's error
 lines, can change lines a partial download showed as `shard_failed`.
+
+A prefix-grouped job's shards hold interleaved records (`portal.execution.merge_order`): its prefix
+ends at the first position of its first shard not settled, and the settled shards' lines before it
+are merged in input order, as the final merge puts them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from portal.execution.merge import COPY_BUFFER_BYTES, ShardOutcome, unfinished_shard_lines
+from django.db.models import Min
+
+from portal.execution.merge import COPY_BUFFER_BYTES
+from portal.execution.merge_order import lines_in_input_order
+from portal.execution.settle import read_manifest
+from portal.execution.shard_outcomes import ShardOutcome, unfinished_shard_lines
 from portal.jobs.models import Job, JobStatus, ShardStatus
 from tasks.shared.storage import store_for
 
@@ -32,6 +41,14 @@ OFFERED_STATUSES = frozenset(
 )
 """Statuses in which shards may have committed before the output is published: the portal's job page
 and the batch object offer the partial download then (it answers in any status)."""
+
+
+@dataclass(frozen=True)
+class InputOrdered:
+    """A grouped job's settled shards whose lines come before position `until`, merged in input order."""
+
+    outcomes: tuple[ShardOutcome, ...]
+    until: int
 
 
 @dataclass(frozen=True)
@@ -44,14 +61,18 @@ class PartialOutput:
     """Its lines: one per record of those shards, in input order."""
     complete: bool
     """It is the job's final output: the job has ended and published one."""
-    pieces: tuple[str | ShardOutcome, ...]
-    """In order: the URI of an object streamed whole, or a shard failed for good (its error lines)."""
+    pieces: tuple[str | ShardOutcome | InputOrdered, ...]
+    """In order: the URI of an object streamed whole, a shard failed for good (its error lines), or a
+    grouped job's settled shards."""
 
     def chunks(self) -> Iterator[bytes]:
         """The bytes, each object read as a stream and never held whole."""
         for piece in self.pieces:
             if isinstance(piece, ShardOutcome):
                 yield from unfinished_shard_lines(piece)
+                continue
+            if isinstance(piece, InputOrdered):
+                yield from lines_in_input_order(list(piece.outcomes), until=piece.until)
                 continue
             with store_for(piece).open_read(piece) as source:
                 while chunk := source.read(COPY_BUFFER_BYTES):
@@ -73,6 +94,8 @@ def job_partial_output(job: Job) -> PartialOutput:
     continuing = (
         [ShardStatus.SUCCEEDED] if job.status == JobStatus.CANCELLING else [ShardStatus.SUCCEEDED, ShardStatus.FAILED]
     )
+    if job.prefix_groups:
+        return _grouped_partial_output(job, continuing)
     gap = first_round.exclude(status__in=continuing).order_by("index").values_list("index", flat=True).first()
     prefix = first_round if gap is None else first_round.filter(index__lt=gap)
     shards = list(prefix.order_by("index").only("index", "status", "output_uri", "input_uri", "record_count", "error"))
@@ -87,4 +110,25 @@ def job_partial_output(job: Job) -> PartialOutput:
         records=sum(shard.record_count for shard in shards),
         complete=False,
         pieces=pieces,
+    )
+
+
+def _grouped_partial_output(job: Job, continuing: list[ShardStatus]) -> PartialOutput:
+    """A grouped job's prefix: every record before the first position of a shard not settled belongs to
+    a settled shard (that shard's first position comes before it), so those records' lines are whole."""
+    first_round = job.shards.filter(round=0)
+    until = first_round.exclude(status__in=continuing).aggregate(first=Min("first_record"))["first"]
+    shards = first_round.filter(status__in=continuing)
+    if until is not None:
+        shards = shards.filter(first_record__lt=until)
+    outcomes = []
+    for shard in shards.order_by("index"):
+        manifest = read_manifest(shard) if shard.status == ShardStatus.SUCCEEDED else None
+        outcomes.append(ShardOutcome(shard=shard, manifest=manifest, failure=shard.error))
+    records = sum(shard.record_count for shard in first_round) if until is None else until
+    return PartialOutput(
+        shards=len(outcomes),
+        records=records,
+        complete=False,
+        pieces=(InputOrdered(outcomes=tuple(outcomes), until=records),),
     )

@@ -18,9 +18,9 @@ from django.db.models import Max
 from django.utils import timezone
 
 from portal.audit.services import audit_record
-from portal.execution.plan import ShardWriter
 from portal.execution.scheduler import schedule_job
 from portal.execution.shard_cut import ShardCut
+from portal.execution.shard_writer import ShardWriter
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
 from portal.jobs.services.retention import shards_kept
 from portal.jobs.storage_layout import job_root, shard_prefix

@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from portal.catalog.throughput import CostModel
-from portal.execution.plan import ShardWriter
 from portal.execution.shard_cut import ShardCut
+from portal.execution.shard_writer import ShardWriter
 from portal.jobs.storage_layout import job_prefix
 from tasks.shared.formats.records import Record
 from tasks.shared.storage import store_for

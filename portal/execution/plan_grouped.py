@@ -1,0 +1,183 @@
+"""Planning a prefix-grouped job (`prefix_groups.py` chooses the groups): its records are written into
+shards of their group, each shard's records in input order, with their positions in the input beside
+(`shard_positions_uri`), and every shard row is created in one transaction once every input is written.
+
+Why one transaction at the end: a planner may die at any point, and a grouped job's shards do not hold
+consecutive records, so a replacement cannot resume after the shards created as the streaming planner
+does. A planner that dies before the transaction leaves no row and its replacement plans from
+scratch; one that dies after it left a whole plan, which its replacement only checks again. Each
+planner run writes under a folder of its own (`grouped_shard_input_uri`), so no file a row names is
+ever written again. The price: a grouped job's first shard starts once its input has been read.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from array import array
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, field, replace
+from typing import BinaryIO
+
+import orjson
+from django.db import transaction
+
+from portal.execution.prefix_groups import PrefixGrouping
+from portal.execution.shard_cut import PlannedShard, ShardCut, ShardCutter
+from portal.jobs.models import Job, JobStatus, Shard
+from portal.jobs.storage_layout import grouped_shard_input_uri, job_root, shard_positions_uri, shard_prefix
+from tasks.shared.formats.records import Record
+from tasks.shared.storage import store_for
+
+ROWS_PER_INSERT = 500
+
+
+class _Aborted(Exception):
+    """Thrown into the open shard writers so that they discard what they hold."""
+
+
+@dataclass
+class _Stream:
+    """The shards of one group (or of the ungrouped records), one open at a time."""
+
+    cutter: ShardCutter
+    index: int = -1
+    input_uri: str = ""
+    stack: ExitStack = field(default_factory=ExitStack)
+    handle: BinaryIO | None = None
+    positions: array[int] = field(default_factory=lambda: array("Q"))
+
+
+class GroupedShardWriter:
+    """Writes the records of a grouped job, given in input order, into shards: those of a group into
+    shards of their own, the others into shards of the ungrouped records; each stream is cut where its
+    own `ShardCutter` ends a shard (by cost or `shard_size`, without the slow start or the guided
+    shrinking, which follow one stream of consecutive shards). Shards are numbered in the order they
+    are opened; `on_shard` is called with each once its input and positions are written whole.
+
+    Memory is bounded by the groups, not the input: at most one open shard a group and one for the
+    ungrouped records (BATCHERY_PREFIX_MAX_GROUPS + 1), each with its store writer's buffer (on S3 up
+    to a part, BATCHERY_S3_PART_BYTES: 25 x 16 MiB by default) and the positions of its records
+    (8 bytes a record, up to a shard's records), plus a few numbers a shard written."""
+
+    def __init__(
+        self,
+        root: str,
+        cut: ShardCut,
+        *,
+        input_field: str,
+        grouping: PrefixGrouping,
+        on_shard: Callable[[PlannedShard], None] | None = None,
+    ) -> None:
+        self._root = root
+        self._plan_id = uuid.uuid4().hex[:12]
+        self._cut = replace(cut, first_seconds=None, guided_spread=0)
+        self._input_field = input_field
+        self._grouping = grouping
+        self._on_shard = on_shard
+        self._streams: dict[int | None, _Stream] = {}
+        self._position = 0
+        self._next_index = 0
+        self.shards: list[PlannedShard] = []
+
+    def add(self, record: Record) -> None:
+        """Write the job's next record (its position is the count of records added before it)."""
+        group = self._grouping.group_of(record)
+        stream = self._streams.get(group)
+        if stream is None:
+            stream = self._streams[group] = _Stream(ShardCutter(self._cut, input_field=self._input_field))
+        if stream.cutter.add(record):
+            self._finish(stream)
+            self._open(stream)
+        assert stream.handle is not None
+        stream.handle.write(orjson.dumps(record.data, option=orjson.OPT_APPEND_NEWLINE))
+        stream.positions.append(self._position)
+        self._position += 1
+
+    def _open(self, stream: _Stream) -> None:
+        stream.index = self._next_index
+        self._next_index += 1
+        stream.input_uri = grouped_shard_input_uri(self._root, self._plan_id, stream.index)
+        stream.handle = stream.stack.enter_context(store_for(stream.input_uri).open_write(stream.input_uri))
+        stream.positions = array("Q")
+
+    def _finish(self, stream: _Stream) -> None:
+        """Close the stream's open shard, once its cutter has ended it, and write its positions."""
+        if stream.handle is None:
+            return
+        stream.stack.close()
+        stream.stack = ExitStack()
+        stream.handle = None
+        cut = stream.cutter.ended[-1]
+        assert cut.record_count == len(stream.positions)
+        positions = stream.positions
+        if sys.byteorder != "little":
+            positions = array("Q", positions)
+            positions.byteswap()
+        uri = shard_positions_uri(stream.input_uri)
+        with store_for(uri).open_write(uri) as out:
+            out.write(positions.tobytes())
+        planned = PlannedShard(
+            index=stream.index,
+            first_record=stream.positions[0],
+            record_count=cut.record_count,
+            input_uri=stream.input_uri,
+            input_chars=cut.input_chars,
+            estimated_seconds=cut.estimated_seconds,
+        )
+        self.shards.append(planned)
+        if self._on_shard is not None:
+            self._on_shard(planned)
+
+    def close(self) -> list[PlannedShard]:
+        """End every open shard; the shards written, by index."""
+        for stream in self._streams.values():
+            stream.cutter.close()
+            self._finish(stream)
+        return sorted(self.shards, key=lambda shard: shard.index)
+
+    def abort(self) -> None:
+        """Discard the open shards: their writers exit with an error, so they never appear."""
+        aborted = _Aborted("planning stopped")
+        for stream in self._streams.values():
+            with suppress(_Aborted):
+                stream.stack.__exit__(_Aborted, aborted, None)
+            stream.handle = None
+
+    @property
+    def groups(self) -> int:
+        return len(self._grouping.groups)
+
+
+def grouped_shards_create(*, job: Job, shards: list[PlannedShard], groups: int) -> bool:
+    """Create every shard row of a grouped job and record its `prefix_groups`, in one transaction, under
+    the job's row lock. False, creating nothing, where the job is no longer planning or already has
+    shards (those of a planner that ran beside this one without its lease: its plan stands)."""
+    root = job_root(job)
+    with transaction.atomic():
+        # The row lock serializes two planners of the job (one without its lease): the second sees the
+        # first's shards below.
+        if not list(Job.objects.select_for_update().filter(pk=job.pk, status=JobStatus.PLANNING).values_list("pk")):
+            return False
+        if Shard.objects.filter(job_id=job.pk, round=0).exists():
+            return False
+        Shard.objects.bulk_create(
+            (
+                Shard(
+                    job_id=job.pk,
+                    index=shard.index,
+                    first_record=shard.first_record,
+                    record_count=shard.record_count,
+                    input_chars=shard.input_chars,
+                    estimated_seconds=shard.estimated_seconds,
+                    input_uri=shard.input_uri,
+                    prefix_uri=shard_prefix(root, shard.index),
+                )
+                for shard in shards
+            ),
+            batch_size=ROWS_PER_INSERT,
+        )
+        Job.objects.filter(pk=job.pk).update(prefix_groups=groups)
+    job.prefix_groups = groups
+    return True
