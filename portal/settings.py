@@ -383,8 +383,8 @@ BATCHERY_COST_ESTIMATE_FACTOR = env_float(
     "BATCHERY_COST_ESTIMATE_FACTOR",
     3.0,
     minimum=1.0,
-    doc="How far a job's GPU-seconds may fall from the dry run's estimate: its cost bounds take the estimate "
-    "divided and multiplied by this.",
+    doc="How far a job's GPU-seconds and input tokens may land from the dry run's estimates: its cost bounds "
+    "take them divided (low) and multiplied (high) by this.",
 )
 
 # An API key read from the database is kept by each portal process for at most this many seconds, and

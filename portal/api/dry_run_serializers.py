@@ -53,13 +53,10 @@ class DryRunSampleSerializer(serializers.Serializer):
 
 
 class CostEstimateSerializer(serializers.Serializer):
-    low = serializers.DecimalField(
-        max_digits=30, decimal_places=4, coerce_to_string=True, help_text="What the job costs at least."
+    low = serializers.CharField(
+        help_text='What the job costs at least, a decimal string in the minor unit, e.g. "1.20".'
     )
-    high = serializers.DecimalField(
-        max_digits=30,
-        decimal_places=4,
-        coerce_to_string=True,
+    high = serializers.CharField(
         allow_null=True,
         help_text="What it costs at most; null: no bound (a generating job whose params do not cap its output).",
     )
@@ -68,16 +65,12 @@ class CostEstimateSerializer(serializers.Serializer):
 
 
 class BudgetLineSerializer(serializers.Serializer):
-    limit = serializers.DecimalField(max_digits=30, decimal_places=2, help_text="The tenant's monthly budget.")
-    spent = serializers.DecimalField(
-        max_digits=30,
-        decimal_places=2,
-        help_text="This month's ended jobs' cost plus the low estimates of the tenant's jobs not ended.",
+    limit = serializers.CharField(help_text="The tenant's monthly budget, a decimal string.")
+    spent = serializers.CharField(
+        help_text="This month's ended jobs' cost plus the low estimates of the tenant's jobs not ended."
     )
-    adds = serializers.DecimalField(max_digits=30, decimal_places=4, help_text="This job's low estimate.")
-    left = serializers.DecimalField(
-        max_digits=30, decimal_places=4, help_text="What would be left; below 0: over the budget."
-    )
+    adds = serializers.CharField(help_text="This job's low estimate.")
+    left = serializers.CharField(help_text="What would be left; below 0: over the budget.")
     currency = serializers.CharField()
     refused = serializers.CharField(allow_null=True, help_text="Why a submission would be refused; null: it fits.")
 

@@ -68,7 +68,8 @@ def cost_estimate(
     prices = [price for price in found if price is not None]
     currency = settings.BATCHERY_CURRENCY
     if not prices:
-        return CostEstimate(low=ZERO, high=ZERO, currency=currency, priced=False)
+        free = to_minor_unit(ZERO, currency)
+        return CostEstimate(low=free, high=free, currency=currency, priced=False)
     factor = Decimal(repr(settings.BATCHERY_COST_ESTIMATE_FACTOR))
     seconds = Decimal(repr(float(gpu_seconds)))
     tokens = Decimal(input_tokens or 0)
