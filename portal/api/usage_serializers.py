@@ -21,6 +21,13 @@ def money_field(amount: Decimal) -> dict[str, str]:
     return money(amount).as_dict()
 
 
+class JobCostSerializer(serializers.Serializer):
+    final = serializers.BooleanField(
+        help_text="True: the job has ended and this is its ledger line's cost; false: its ended shards' so far."
+    )
+    cost = MoneySerializer(help_text="At the prices in force the day its line was recorded; today's while it runs.")
+
+
 class JobAdapterUsageSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAdapterUsage

@@ -216,3 +216,11 @@ def job_cost_so_far(job: Job) -> Decimal:
 def _adapter_keys(job: Job) -> dict[str, dict[str, Any]]:
     """The job's adapters by the key shards count them under (`name@version`), as the ledger reads them."""
     return {f"{entry['spec']['name']}@{entry['spec']['version']}": entry for entry in job.adapters.values()}
+
+
+def job_cost(job: Job) -> Decimal:
+    """What a job costs: its ledger line's cost once it has ended, its ended shards' (`job_cost_so_far`) before."""
+    line = priced_lines(JobUsage.objects.filter(job=job)).first()
+    if line is not None:
+        return usage_costs([line])[job.pk]
+    return job_cost_so_far(job)

@@ -19,6 +19,8 @@ from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from portal.catalog.money import ZERO, money
+from portal.jobs.billing import cost_per_month
 from portal.jobs.models import Job, JobAdapterUsage, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
 from portal.jobs.selectors import (
@@ -149,8 +151,21 @@ def quota_use(tenant: Tenant) -> QuotaUse:
 
 
 def usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:
-    """The tenant's ledger summed per month, newest first."""
-    return [dict(row) for row in usage_per_month(JobUsage.objects.filter(tenant=tenant))]
+    """The tenant's ledger summed per month, newest first, each month with its cost (`money`) in all and
+    per model (`models`: name@version -> money)."""
+    usage = JobUsage.objects.filter(tenant=tenant)
+    costs = cost_per_month(usage)
+    rows = []
+    for row in usage_per_month(usage):
+        period = costs.get(row["period"])
+        rows.append(
+            {
+                **row,
+                "cost": money(period.cost if period else ZERO),
+                "models": {name: money(amount) for name, amount in (period.models.items() if period else ())},
+            }
+        )
+    return rows
 
 
 def adapter_usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:
