@@ -279,12 +279,22 @@ class Price(models.Model):
 
     class Meta:
         ordering = ["model", "adapter", "gpu_class", "-effective_from"]
+        # One price per model, adapter (or none), GPU class (or any) and day, so that which price applies is
+        # never a toss-up. Four partial constraints, not one with nulls_distinct, which SQLite lacks.
         constraints = [
             models.UniqueConstraint(
-                fields=["model", "adapter", "gpu_class", "effective_from"],
-                nulls_distinct=False,
-                name="one_price_per_target_and_day",
+                fields=[
+                    "model",
+                    *(["adapter"] if adapter else []),
+                    *(["gpu_class"] if gpu_class else []),
+                    "effective_from",
+                ],
+                condition=models.Q(adapter__isnull=not adapter, gpu_class__isnull=not gpu_class),
+                name=f"one_price_a_day{'_adapter' if adapter else ''}{'_class' if gpu_class else ''}",
+                violation_error_message="A price for this model, adapter and GPU class from that day exists already.",
             )
+            for adapter in (False, True)
+            for gpu_class in (False, True)
         ]
 
     def __str__(self) -> str:

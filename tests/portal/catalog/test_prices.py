@@ -77,3 +77,10 @@ def test_a_price_in_force_is_read_only_in_the_admin_and_one_to_come_is_not(admin
     assert response.status_code in (302, 403)
     in_force.refresh_from_db()
     assert in_force.per_gpu_second == Decimal(1)
+
+
+def test_two_prices_for_the_same_model_class_and_day_are_refused(minilm: Any) -> None:
+    price(minilm, per_gpu_second="1", effective_from=dt.date(2026, 11, 1))
+    price(minilm, gpu_class=minilm.gpu_class, per_gpu_second="2", effective_from=dt.date(2026, 11, 1))
+    with pytest.raises(ValidationError, match="exists already"):
+        price(minilm, per_gpu_second="3", effective_from=dt.date(2026, 11, 1))
