@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from portal.tenancy.models import Tenant
+from portal.tenancy.models import Quota, Tenant
 from tests.support.ledger import ledger_line, price
 
 pytestmark = pytest.mark.django_db
@@ -34,6 +34,9 @@ def test_the_usage_page_shows_each_month_s_cost_in_all_and_per_model(
     html = client.get("/usage/").content.decode()
     assert "3.00 USD" in html and 'id="usage-model-costs"' in html
     assert "0.50 USD" in client.get(f"/jobs/{ledger.job_id}/").content.decode()
+    assert "Budget this month" not in html
+    Quota.objects.filter(tenant=acme).update(monthly_budget=50)
+    assert "Budget this month (USD)" in client.get("/usage/").content.decode()
 
 
 def test_check_first_shows_the_cost_bounds(
