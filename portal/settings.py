@@ -404,6 +404,21 @@ BATCHERY_DEFAULT_SECONDS_PER_RECORD = env_float(
     doc="The cost estimate of a model that never ran and names no `seconds_per_record`.",
 )
 
+BATCHERY_CURRENCY = env_str(
+    "BATCHERY_CURRENCY",
+    "USD",
+    doc="The ISO 4217 code of the one currency the deployment bills in: every price and budget is in it.",
+)
+if not re.fullmatch(r"[A-Z]{3}", BATCHERY_CURRENCY):
+    raise ImproperlyConfiguredEnv(f"BATCHERY_CURRENCY must be an ISO 4217 code such as USD, not {BATCHERY_CURRENCY!r}")
+BATCHERY_COST_ESTIMATE_FACTOR = env_float(
+    "BATCHERY_COST_ESTIMATE_FACTOR",
+    3.0,
+    minimum=1.0,
+    doc="How far a job's GPU-seconds and input tokens may land from the dry run's estimates: its cost bounds "
+    "take them divided (low) and multiplied (high) by this.",
+)
+
 # An API key read from the database is kept by each portal process for at most this many seconds, and
 # only while no key, membership, user or tenant has changed since (portal.tenancy.key_cache); 0: never.
 BATCHERY_API_KEY_CACHE_S = env_float(

@@ -52,6 +52,29 @@ class DryRunSampleSerializer(serializers.Serializer):
     scale = serializers.FloatField(help_text="The whole input over the part read: the factor of the estimates.")
 
 
+class CostEstimateSerializer(serializers.Serializer):
+    low = serializers.CharField(
+        help_text='What the job costs at least, a decimal string in the minor unit, e.g. "1.20".'
+    )
+    high = serializers.CharField(
+        allow_null=True,
+        help_text="What it costs at most; null: no bound (a generating job whose params do not cap its output).",
+    )
+    currency = serializers.CharField(help_text="ISO 4217 code: the deployment's one currency.")
+    priced = serializers.BooleanField(help_text="False: the model has no price in force, so the job costs nothing.")
+
+
+class BudgetLineSerializer(serializers.Serializer):
+    limit = serializers.CharField(help_text="The tenant's monthly budget, a decimal string.")
+    spent = serializers.CharField(
+        help_text="This month's ended jobs' cost plus the low estimates of the tenant's jobs not ended."
+    )
+    adds = serializers.CharField(help_text="This job's low estimate.")
+    left = serializers.CharField(help_text="What would be left; below 0: over the budget.")
+    currency = serializers.CharField()
+    refused = serializers.CharField(allow_null=True, help_text="Why a submission would be refused; null: it fits.")
+
+
 class DryRunReportSerializer(serializers.Serializer):
     """What a submission would do, from `job_dry_run`; nothing was created."""
 
@@ -88,3 +111,7 @@ class DryRunReportSerializer(serializers.Serializer):
     share = serializers.FloatField(help_text="The tenant's fraction of the queue while others have work on it.")
     eta_seconds = serializers.FloatField(help_text="Estimated seconds until the job would end.")
     quota = QuotaLineSerializer(many=True)
+    cost = CostEstimateSerializer(help_text="The bounds of the job's cost at today's prices.")
+    budget = BudgetLineSerializer(
+        allow_null=True, help_text="The tenant's monthly budget held against the low estimate; null: none set."
+    )

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from portal.catalog.models import Adapter, Model
 from portal.execution.decayed_usage import usage_by_class
 from portal.jobs.input_display import tenant_input_uri, tenant_job_error
-from portal.jobs.models import Job, JobAdapterUsage, JobUsage
+from portal.jobs.models import Job
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.submit import (
@@ -318,54 +318,6 @@ class AdapterCreateSerializer(serializers.Serializer):
     description = serializers.CharField(max_length=2000, default="", allow_blank=True)
     adapter_config = serializers.FileField(help_text="PEFT's adapter_config.json (a LoRA config).")
     adapter_model = serializers.FileField(help_text="PEFT's adapter_model.safetensors; no other weights format.")
-
-
-class JobAdapterUsageSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = JobAdapterUsage
-        fields = ["name", "records_succeeded", "records_failed", "prompt_tokens", "completion_tokens"]
-        read_only_fields = fields
-
-
-class JobUsageSerializer(serializers.ModelSerializer):
-    job = serializers.UUIDField(source="job_id", read_only=True)
-    model = serializers.CharField(source="model.name", read_only=True)
-    adapters = JobAdapterUsageSerializer(
-        many=True,
-        read_only=True,
-        help_text="For a job that named LoRA adapters: its usage per adapter (name@version), and its base model's.",
-    )
-
-    class Meta:
-        model = JobUsage
-        fields = [
-            "job",
-            "model",
-            "period",
-            "status",
-            "records_succeeded",
-            "records_failed",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_prompt_tokens",
-            "gpu_seconds",
-            "recorded_at",
-            "adapters",
-        ]
-        read_only_fields = fields
-
-
-class PeriodUsageSerializer(serializers.Serializer):
-    period = serializers.DateField(help_text="First day of the month.")
-    jobs = serializers.IntegerField()
-    records_succeeded = serializers.IntegerField()
-    records_failed = serializers.IntegerField()
-    prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
-    cached_prompt_tokens = serializers.IntegerField(
-        help_text="Of the prompt tokens, those a shared prefix's cache served."
-    )
-    gpu_seconds = serializers.FloatField()
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

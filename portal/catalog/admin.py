@@ -1,15 +1,17 @@
-"""The catalog in the admin: GPU classes, models and LoRA adapters; changes are audited (models' published too)."""
+"""The catalog in the admin: GPU classes, models, LoRA adapters and prices; changes are audited (models published)."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.utils import timezone
 
 from portal.audit.admin import admin_actor
-from portal.catalog.models import Adapter, GpuClass, Model, ModelThroughput
-from portal.catalog.services import adapter_save, model_save, models_delete
+from portal.catalog.models import Adapter, GpuClass, Model, ModelThroughput, Price
+from portal.catalog.services import adapter_save, model_save, models_delete, price_save, prices_delete
 
 
 @admin.register(GpuClass)
@@ -90,3 +92,49 @@ class AdapterAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Adapter, form: ModelForm, change: bool) -> None:
         adapter_save(adapter=obj, actor=admin_actor(request))
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    """Prices are added, never rewritten: one in force (its day has come) is read-only and stays, so that the
+    months it priced keep their bills; a new price from a later day replaces it."""
+
+    list_display = [
+        "model",
+        "adapter",
+        "gpu_class",
+        "currency",
+        "per_gpu_second",
+        "per_million_input_tokens",
+        "per_million_cached_input_tokens",
+        "per_million_output_tokens",
+        "effective_from",
+    ]
+    list_filter = ["model", "gpu_class", "currency"]
+    list_select_related = ["model", "adapter", "gpu_class"]
+    search_fields = ["model__name", "adapter__name"]
+    autocomplete_fields = ["adapter"]
+    date_hierarchy = "effective_from"
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str | list[str]]:
+        return {"currency": settings.BATCHERY_CURRENCY, **super().get_changeform_initial_data(request)}
+
+    def has_change_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        return super().has_change_permission(request, obj) and not _in_force(obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        return super().has_delete_permission(request, obj) and not _in_force(obj)
+
+    def save_model(self, request: HttpRequest, obj: Price, form: ModelForm, change: bool) -> None:
+        price_save(price=obj, actor=admin_actor(request))
+
+    def delete_model(self, request: HttpRequest, obj: Price) -> None:
+        prices_delete(prices=[obj], actor=admin_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Price]) -> None:
+        # The bulk action would otherwise delete prices in force along with the others.
+        prices_delete(prices=queryset.filter(effective_from__gt=timezone.now().date()), actor=admin_actor(request))
+
+
+def _in_force(price: Price | None) -> bool:
+    return price is not None and price.pk is not None and price.effective_from <= timezone.now().date()

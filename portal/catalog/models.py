@@ -1,13 +1,18 @@
-"""Catalog entries (what a model is, where its weights are, where it runs) and GPU classes."""
+"""Catalog entries (what a model is, where its weights are, where it runs), GPU classes and prices."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from gpuworkers.spec import AdapterSpec, ModelSpec
+from portal.catalog.money import ZERO, validate_currency
+
+NOT_NEGATIVE = MinValueValidator(ZERO, message="A price cannot be negative.")
 
 
 def validate_matryoshka_dimensions(value: Any) -> None:
@@ -223,3 +228,87 @@ class Adapter(models.Model):
 
     def to_spec(self) -> AdapterSpec:
         return AdapterSpec(name=self.name, version=self.version, source=self.source, rank=self.rank)
+
+
+class Price(models.Model):
+    """What running a model (or one of its adapters) costs from a date on, in the deployment's currency.
+
+    A job's ledger line is priced by the price in force on the day it was recorded (`effective_from` on
+    or before it), so that a new price leaves past months' bills as they were: prices are added, not
+    edited, once in force (the admin makes them read-only). Of the prices in force, one for the job's
+    adapter beats one for its model, one for its GPU class beats one for any class, then the newest wins.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="prices")
+    adapter = models.ForeignKey(
+        Adapter,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="prices",
+        help_text="An adapter of the model priced apart; empty: the model and every adapter without its own price.",
+    )
+    gpu_class = models.ForeignKey(
+        GpuClass,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="prices",
+        help_text="Empty: any GPU class; a price for the class a job ran on beats it.",
+    )
+    currency = models.CharField(
+        max_length=3, validators=[validate_currency], help_text="ISO 4217 code: the deployment's BATCHERY_CURRENCY."
+    )
+    per_gpu_second = models.DecimalField(max_digits=20, decimal_places=10, default=ZERO, validators=[NOT_NEGATIVE])
+    per_million_input_tokens = models.DecimalField(
+        max_digits=20, decimal_places=10, default=ZERO, validators=[NOT_NEGATIVE]
+    )
+    per_million_cached_input_tokens = models.DecimalField(
+        max_digits=20,
+        decimal_places=10,
+        null=True,
+        blank=True,
+        validators=[NOT_NEGATIVE],
+        help_text="Prompt tokens served from a shared prefix's cache; empty: the input price.",
+    )
+    per_million_output_tokens = models.DecimalField(
+        max_digits=20, decimal_places=10, default=ZERO, validators=[NOT_NEGATIVE]
+    )
+    effective_from = models.DateField(help_text="The first day (UTC) of the jobs recorded at this price.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "adapter", "gpu_class", "-effective_from"]
+        # One price per model, adapter (or none), GPU class (or any) and day, so that which price applies is
+        # never a toss-up. Four partial constraints, not one with nulls_distinct, which SQLite lacks.
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "model",
+                    *(["adapter"] if adapter else []),
+                    *(["gpu_class"] if gpu_class else []),
+                    "effective_from",
+                ],
+                condition=models.Q(adapter__isnull=not adapter, gpu_class__isnull=not gpu_class),
+                name=f"one_price_a_day{'_adapter' if adapter else ''}{'_class' if gpu_class else ''}",
+                violation_error_message="A price for this model, adapter and GPU class from that day exists already.",
+            )
+            for adapter in (False, True)
+            for gpu_class in (False, True)
+        ]
+
+    def __str__(self) -> str:
+        target = f"{self.adapter}" if self.adapter_id else f"{self.model}"
+        where = f" on {self.gpu_class}" if self.gpu_class_id else ""
+        return f"{target}{where} from {self.effective_from}"
+
+    def clean(self) -> None:
+        adapter = self.adapter if self.adapter_id is not None else None
+        if adapter is not None and self.model_id is not None and adapter.base_model_id != self.model_id:
+            raise ValidationError({"adapter": f"{adapter} is an adapter of {adapter.base_model}, not of {self.model}."})
+
+    @property
+    def cached_input_price(self) -> Decimal:
+        """Per million cached prompt tokens: its own price, or the input price where it has none."""
+        cached = self.per_million_cached_input_tokens
+        return self.per_million_input_tokens if cached is None else cached

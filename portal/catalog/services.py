@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from django.contrib.auth.models import User
 
 from portal.audit.services import audited_delete, audited_save
-from portal.catalog.models import Adapter, Model
+from portal.catalog.models import Adapter, Model, Price
 from tasks.shared.catalog import write_catalog
 
 MODEL_CHANGED = "model.changed"
 ADAPTER_CHANGED = "adapter.changed"
+PRICE_CHANGED = "price.changed"
 
 
 def catalog_publish() -> bool:
@@ -35,3 +36,14 @@ def models_delete(*, models: Iterable[Model], actor: User | None) -> None:
 def adapter_save(*, adapter: Adapter, actor: User | None) -> None:
     """Save an adapter edited by hand (the admin: shared adapters, enabling and disabling), recording the change."""
     audited_save(obj=adapter, actor=actor, action=ADAPTER_CHANGED)
+
+
+def price_save(*, price: Price, actor: User | None) -> None:
+    """Save a price set by hand (the admin), recording the change. Its validation (`Price.clean`, the
+    currency, no negative amount) is the form's, before this is called."""
+    audited_save(obj=price, actor=actor, action=PRICE_CHANGED)
+
+
+def prices_delete(*, prices: Iterable[Price], actor: User | None) -> None:
+    """Delete prices not yet in force, each recorded."""
+    audited_delete(objs=prices, actor=actor, action=PRICE_CHANGED)

@@ -1,16 +1,19 @@
-"""Jobs in the admin: find them (filters, search), cancel, retry or re-run them; shards read-only."""
+"""Jobs in the admin: find them (filters, search), cancel, retry or re-run them; shards read-only; the ledger
+read-only, with a month's chargeback as CSV."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from portal.audit.admin import admin_actor
+from portal.jobs.chargeback import chargeback_rows, chargeback_write, parse_month
 from portal.jobs.models import Job, JobUsage, Shard
 from portal.jobs.requests import SubmissionError
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
@@ -165,8 +168,27 @@ class JobUsageAdmin(admin.ModelAdmin):
     list_select_related = ["tenant", "model"]
     readonly_fields = [field.name for field in JobUsage._meta.fields]
 
+    def get_urls(self) -> list[URLPattern]:
+        chargeback = path(
+            "chargeback.csv", self.admin_site.admin_view(self.chargeback_view), name="jobs_jobusage_chargeback"
+        )
+        return [chargeback, *super().get_urls()]
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def chargeback_view(self, request: HttpRequest) -> HttpResponse:
+        """`?month=YYYY-MM`: the month's chargeback as a CSV download, for those who may view the ledger."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            month = parse_month(request.GET.get("month", ""))
+        except ValueError as exc:
+            return HttpResponseBadRequest(str(exc), content_type="text/plain")
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="chargeback-{month:%Y-%m}.csv"'
+        chargeback_write(chargeback_rows(month=month), response)
+        return response

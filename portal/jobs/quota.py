@@ -30,7 +30,13 @@ class QuotaExceeded(SubmissionError):
     """A limit of the tenant's quota refuses the job: `limit` is the limit, `current` the use so far."""
 
     def __init__(
-        self, *, quota: str, limit: float | list[str], current: float | str, requested: float | str, message: str = ""
+        self,
+        *,
+        quota: str,
+        limit: float | str | list[str],
+        current: float | str,
+        requested: float | str,
+        message: str = "",
     ) -> None:
         super().__init__(message or exceeded_message(quota, limit, current, requested), field=quota)
         self.quota = quota
@@ -178,14 +184,16 @@ def _locked_quota(tenant: Tenant) -> Quota:
     return quota
 
 
-def quota_reserve(tenant: Tenant, *, input_bytes: int, records: int | None) -> None:
+def quota_reserve(tenant: Tenant, *, input_bytes: int, records: int | None) -> Quota:
     """Hold a job against the tenant's limits with its quota row locked, so that concurrent submissions
-    queue up here; raise `QuotaExceeded` on the first limit it passes."""
+    queue up here; raise `QuotaExceeded` on the first limit it passes. Returns the row, locked until the
+    caller's transaction ends (`portal.jobs.budget.budget_reserve` holds the job's cost against it)."""
     quota = _locked_quota(tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
     for line in quota_lines(quota, use, input_bytes=input_bytes, records=records):
         if line.refused is not None:
             raise line.exceeded()
+    return quota
 
 
 def quota_hold_pending(tenant: Tenant, *, pending: Callable[[], int], what: str) -> None:

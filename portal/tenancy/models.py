@@ -81,6 +81,15 @@ class Quota(models.Model):
         help_text="Bytes of uploads (job inputs and /v1/files, with or without an expiry) kept in the platform's "
         "storage at once.",
     )
+    monthly_budget = models.DecimalField(
+        max_digits=20,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="What the tenant's jobs may cost a calendar month (UTC), in the deployment's currency "
+        "(BATCHERY_CURRENCY): a job whose dry run's low estimate passes what is left is refused.",
+    )
     allowed_models = models.ManyToManyField(
         "catalog.Model", blank=True, related_name="+", help_text="Empty: every enabled model."
     )
@@ -90,6 +99,20 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"quota of {self.tenant}"
+
+
+class BudgetHold(models.Model):
+    """A submitted job's low cost estimate, held against its tenant's `monthly_budget` until it ends (its
+    ledger line then counts instead). Written at submission with the quota row locked; a hold whose job
+    has ended is no longer counted (`portal.jobs.budget`)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budget_holds")
+    job_id = models.UUIDField(unique=True)
+    amount = models.DecimalField(max_digits=30, decimal_places=10)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.amount} held for job {self.job_id}"
 
 
 class ApiKey(models.Model):

@@ -15,10 +15,14 @@ from typing import Any
 
 import orjson
 import redis
+from django.conf import settings
 from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from portal.catalog.money import ZERO, money
+from portal.jobs.billing import cost_per_month
+from portal.jobs.budget import month_spend
 from portal.jobs.models import Job, JobAdapterUsage, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
 from portal.jobs.selectors import (
@@ -129,6 +133,8 @@ class QuotaUse:
     gpu_seconds: Limit
     """This month's GPU-seconds."""
     max_input_bytes: int | None
+    budget: Limit | None = None
+    """This month's spend against the monthly budget (`portal.jobs.budget`), in whole units; None: no budget."""
     allowed_models: list[str] = field(default_factory=list)
     allowed_gpu_classes: list[str] = field(default_factory=list)
 
@@ -143,14 +149,34 @@ def quota_use(tenant: Tenant) -> QuotaUse:
         queued_records=Limit("Queued records", use.queued_records, quota.max_queued_records),
         gpu_seconds=Limit("GPU-seconds this month", use.gpu_seconds_this_month, quota.gpu_seconds_per_month),
         max_input_bytes=quota.max_input_bytes,
+        budget=None
+        if quota.monthly_budget is None
+        else Limit(
+            f"Budget this month ({settings.BATCHERY_CURRENCY})",
+            float(month_spend(tenant.pk)),
+            float(quota.monthly_budget),
+        ),
         allowed_models=[str(model) for model in quota.allowed_models.all()] if quota.pk else [],
         allowed_gpu_classes=[gpu.name for gpu in quota.allowed_gpu_classes.all()] if quota.pk else [],
     )
 
 
 def usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:
-    """The tenant's ledger summed per month, newest first."""
-    return [dict(row) for row in usage_per_month(JobUsage.objects.filter(tenant=tenant))]
+    """The tenant's ledger summed per month, newest first, each month with its cost (`money`) in all and
+    per model (`models`: name@version -> money)."""
+    usage = JobUsage.objects.filter(tenant=tenant)
+    costs = cost_per_month(usage)
+    rows = []
+    for row in usage_per_month(usage):
+        period = costs.get(row["period"])
+        rows.append(
+            {
+                **row,
+                "cost": money(period.cost if period else ZERO),
+                "models": {name: money(amount) for name, amount in (period.models.items() if period else ())},
+            }
+        )
+    return rows
 
 
 def adapter_usage_by_month(tenant: Tenant) -> list[dict[str, Any]]:

@@ -45,6 +45,8 @@ REPORT_FIELDS = {
     "share",
     "eta_seconds",
     "quota",
+    "cost",
+    "budget",
 }
 
 

@@ -25,6 +25,8 @@ from portal.api.parsers import JSONParser
 from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import JobCreateSerializer, JobSerializer
 from portal.api.uploads import store_upload
+from portal.api.usage_serializers import JobCostSerializer, money_field
+from portal.jobs.billing import job_cost
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file, jobs_live_progress
@@ -183,6 +185,14 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         except CannotRetry as exc:
             raise conflict(str(exc)) from None
         return Response(JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={200: JobCostSerializer})
+    @action(detail=True, methods=["get"])
+    def cost(self, request: Request, pk: str) -> Response:
+        """What the job costs: its ended shards' so far while it runs, its ledger line's once it has ended.
+        Apart from the job's status, which pollers read every second in a fixed few queries."""
+        job = self.get_object()
+        return Response(JobCostSerializer({"final": job.is_finished, "cost": money_field(job_cost(job))}).data)
 
     def _files(self, job: Job) -> dict[str, tuple[str, str]]:
         if not job.is_finished or not job.shard_count:

@@ -1,4 +1,4 @@
-"""/api/v1/usage/: the ledger, per job and per month."""
+"""/api/v1/usage/: the ledger, per job and per month, with what it cost."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from rest_framework.response import Response
 from portal.api.filters import JobUsageFilter
 from portal.api.pagination import CreatedCursorPagination
 from portal.api.scoping import TenantScopedMixin
-from portal.api.serializers import JobUsageSerializer, PeriodUsageSerializer
+from portal.api.usage_serializers import JobUsageSerializer, PeriodUsageSerializer, period_rows
+from portal.jobs.billing import cost_per_month, usage_costs
 from portal.jobs.models import JobUsage
 from portal.jobs.selectors import usage_per_month
 
@@ -21,16 +22,23 @@ class RecordedCursorPagination(CreatedCursorPagination):
 
 
 class UsageViewSet(TenantScopedMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
-    """One line per ended job: records, tokens in and out, GPU-seconds."""
+    """One line per ended job: records, tokens in and out, GPU-seconds, cost."""
 
     queryset = JobUsage.objects.select_related("model").prefetch_related("adapters")
     serializer_class = JobUsageSerializer
     filterset_class = JobUsageFilter
     pagination_class = RecordedCursorPagination
 
+    def list(self, request: Request, *args: object, **kwargs: object) -> Response:
+        page = list(self.paginate_queryset(self.filter_queryset(self.get_queryset())) or [])
+        context = {**self.get_serializer_context(), "costs": usage_costs(page)}
+        serializer = self.get_serializer(page, many=True, context=context)
+        return self.get_paginated_response(serializer.data)
+
     @extend_schema(responses=PeriodUsageSerializer(many=True))
     @action(detail=False, methods=["get"], pagination_class=None)
     def periods(self, request: Request) -> Response:
-        """Totals per month, newest first (filters as for the list)."""
-        rows = usage_per_month(self.filter_queryset(self.get_queryset()))
+        """Totals per month, newest first, with the month's cost in all and per model (filters as for the list)."""
+        usage = self.filter_queryset(self.get_queryset())
+        rows = period_rows(usage_per_month(usage), cost_per_month(usage))
         return Response(PeriodUsageSerializer(rows, many=True).data)

@@ -1,6 +1,6 @@
 """Dry run: what a submission would do, without doing it.
 
-`job_dry_run` takes the request `job_submit` takes and checks it with the same code (`submit.py`),
+`job_dry_run` takes the request `job_submit` takes and checks it with the same code (`request_checks.py`),
 reads the input as the planner will (`plan.py`: the same records, the same shard cuts), counts its
 tokens with the model's own tokenizer (`portal.catalog.tokenizers`), estimates its cost and when it
 would end behind the work already on its GPU queue, and holds it against the tenant's quota.
@@ -37,12 +37,14 @@ from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_records
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
 from portal.jobs.adapters import JobAdapters
+from portal.jobs.budget import BudgetLine, budget_line
+from portal.jobs.cost_estimate import CostEstimate, cost_estimate
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs
 from portal.jobs.services.dry_run_budget import MeteredPosition, SampleBudget, SampleEnds
-from portal.jobs.services.submit import InputCheck, input_errors, input_rejected, submission_request
+from portal.jobs.services.request_checks import InputCheck, input_errors, input_rejected, submission_request
 from portal.tenancy.models import Quota, Tenant
 from tasks.shared.formats.compression import DecompressionLimits
 from tasks.shared.formats.jsonl import JsonlCheck
@@ -174,11 +176,16 @@ class DryRunReport:
     """Seconds from submission to the last shard's end; see `eta_seconds`."""
     quota: tuple[QuotaLine, ...]
     """Each limit of the tenant's quota that is set, held against this job."""
+    cost: CostEstimate
+    """The bounds of the job's cost at today's prices (`portal.jobs.cost_estimate`)."""
+    budget: BudgetLine | None
+    """The tenant's monthly budget held against `cost.low`; None: the quota sets no budget."""
 
     @property
     def accepted(self) -> bool:
         """Whether `job_submit` would accept the request now."""
-        return self.rejected is None and all(line.refused is None for line in self.quota)
+        within_budget = self.budget is None or self.budget.refused is None
+        return self.rejected is None and within_budget and all(line.refused is None for line in self.quota)
 
 
 def job_dry_run(
@@ -238,6 +245,16 @@ def job_dry_run(
     longest = max((shard.estimated_seconds for shard in cuts), default=0.0)
     quota = Quota.objects.filter(tenant=tenant).first() or Quota(tenant=tenant)
     use = quota_usage(tenant_ids=[tenant.pk])[tenant.pk]
+    estimated_records = counted if counted is not None else round(check.records * scale)
+    estimated_tokens = round(input_tokens * scale) if input_tokens is not None else None
+    cost = cost_estimate(
+        model=accepted.model,
+        adapter_ids=[int(entry["id"]) for entry in adapters.entries.values()],
+        gpu_seconds=gpu_seconds,
+        input_tokens=estimated_tokens,
+        records=estimated_records,
+        params=accepted.params,
+    )
     return DryRunReport(
         model=str(accepted.model),
         adapters=tuple(
@@ -248,12 +265,12 @@ def job_dry_run(
         sampled=sample is not None,
         sample=sample,
         records=check.records,
-        estimated_records=counted if counted is not None else round(check.records * scale),
+        estimated_records=estimated_records,
         problem_count=check.problem_count,
         problems=tuple(check.problems),
         rejected=None if check.ok else input_rejected(check).message,
         input_tokens=input_tokens,
-        estimated_input_tokens=round(input_tokens * scale) if input_tokens is not None else None,
+        estimated_input_tokens=estimated_tokens,
         over_length=tokens.over_length() if tokens is not None else None,
         shards=shards,
         estimated_seconds=seconds,
@@ -273,6 +290,8 @@ def job_dry_run(
             others_weight=others_weight,
         ),
         quota=tuple(quota_lines(quota, use, input_bytes=size, records=checked.records, gpu_seconds=gpu_seconds)),
+        cost=cost,
+        budget=budget_line(quota, low=cost.low),
     )
 
 

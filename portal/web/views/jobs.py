@@ -19,7 +19,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.api.downloads import stream_object, stream_partial
+from portal.catalog.money import money
 from portal.catalog.selectors import models_for_tenant
+from portal.jobs.billing import job_cost
 from portal.jobs.input_display import tenant_input_uri, tenant_job_error
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
 from portal.jobs.quota import QuotaExceeded
@@ -193,6 +195,7 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "job_error": tenant_job_error(job),
         "adapters": job_adapters(job),
         "row": job_row(job),
+        "cost": money(job_cost(job)),
         "timeline": job_timeline(job),
         "shards": shard_grid(job),
         "errors": error_lines(job),

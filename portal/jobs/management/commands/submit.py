@@ -173,6 +173,18 @@ def report_lines(report: DryRunReport) -> list[str]:
         f"your share {report.share:.0%}",
         f"eta        {_duration(report.eta_seconds)}",
     ]
+    cost = report.cost
+    if cost.priced:
+        high = "no upper bound (its params do not cap its output)" if cost.high is None else f"{cost.high}"
+        lines.append(f"cost       {cost.low} to {high} {cost.currency} at today's prices")
+    else:
+        lines.append("cost       none: the model has no price")
+    if (budget := report.budget) is not None:
+        verdict = f": REFUSED, {budget.refused}" if budget.refused else ""
+        lines.append(
+            f"budget     {budget.spent:.2f} of {budget.limit} {budget.currency} spent this month, "
+            f"+{budget.adds} at least, {budget.left:.2f} left{verdict}"
+        )
     for number, line in enumerate(report.quota):
         head = "quota      " if number == 0 else "           "
         adds = "not counted" if line.adds is None else f"+{line.adds:,.6g}"

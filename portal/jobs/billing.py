@@ -1,0 +1,226 @@
+"""What jobs cost: the usage ledger priced by the catalog's prices (`portal.catalog.pricing`).
+
+Costs are computed, not stored: a ledger line is priced by the prices in force on the day it was
+recorded (`Price.effective_from`), and prices in force are not edited, so a new price never rewrites
+a past month. The rule for one line:
+
+    cost = sum over its parts [ gpu_seconds * per GPU-second
+                              + (prompt - cached) * input price + cached * cached-input price
+                              + completion * output price ]   (token prices per million)
+
+A job that ran no adapter is one part, at its model's price. A job that ran adapters has one part per
+adapter (and one for its base model where records ran bare), from `JobAdapterUsage`, each at its
+adapter's price: its own tokens; the GPU-seconds, known only for the whole job, split by the part's
+records over the job's; the cached prompt tokens, known only for the whole job too, split by the
+part's prompt tokens. The sum is rounded once, to the currency's minor unit: a job is billed in whole
+cents, so every total (a month, a model, a tenant's chargeback) is a sum of lines and adds up exactly.
+A model with no price in force costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from portal.catalog.models import Price
+from portal.catalog.money import MILLION, ZERO, to_minor_unit
+from portal.catalog.pricing import PriceBook
+from portal.jobs.models import UNSETTLED, Job, JobUsage
+
+
+@dataclass(frozen=True)
+class Consumption:
+    """What a job used under one price: its model bare, or one adapter."""
+
+    adapter_id: int | None
+    """The adapter priced (None: the model bare, or an adapter deleted since, priced as the model)."""
+    records: int
+    prompt_tokens: int
+    cached_prompt_tokens: Decimal
+    """Shared out of the job's (see the module), so possibly a fraction."""
+    completion_tokens: int
+    gpu_seconds: Decimal
+
+    def cost(self, price: Price | None) -> Decimal:
+        """At `price` (None: unpriced, free), unrounded."""
+        if price is None:
+            return ZERO
+        uncached = self.prompt_tokens - self.cached_prompt_tokens
+        tokens = (
+            uncached * price.per_million_input_tokens
+            + self.cached_prompt_tokens * price.cached_input_price
+            + self.completion_tokens * price.per_million_output_tokens
+        ) / MILLION
+        return self.gpu_seconds * price.per_gpu_second + tokens
+
+
+def _decimal(seconds: float | None) -> Decimal:
+    # Through repr: the float's shortest decimal, not its binary expansion's 50 digits.
+    return Decimal(repr(float(seconds or 0.0)))
+
+
+def parts_of(
+    *, gpu_seconds: Decimal, cached_prompt_tokens: int, splits: Iterable[Mapping[str, Any]], whole: Mapping[str, Any]
+) -> list[Consumption]:
+    """A job's usage as priced parts: `splits` (per adapter: adapter_id, records, prompt_tokens, completion_tokens),
+    or `whole` (the same keys, adapter_id None) where there are none; GPU-seconds and cached tokens shared out
+    as the module says."""
+    rows = list(splits) or [whole]
+    records = sum(row["records"] for row in rows)
+    prompt = sum(row["prompt_tokens"] for row in rows)
+    parts = []
+    for row in rows:
+        seconds_share = Decimal(row["records"]) / records if records else Decimal(1) / len(rows)
+        cached_share = Decimal(row["prompt_tokens"]) / prompt if prompt else ZERO
+        parts.append(
+            Consumption(
+                adapter_id=row["adapter_id"],
+                records=row["records"],
+                prompt_tokens=row["prompt_tokens"],
+                cached_prompt_tokens=cached_prompt_tokens * cached_share,
+                completion_tokens=row["completion_tokens"],
+                gpu_seconds=gpu_seconds * seconds_share,
+            )
+        )
+    return parts
+
+
+def parts_cost(
+    parts: Iterable[Consumption], *, book: PriceBook, model_id: int, gpu_class_id: int | None, day: dt.date
+) -> Decimal:
+    """The parts priced at the prices in force on `day`, summed and rounded to the currency's minor unit."""
+    total = sum(
+        (
+            part.cost(book.price(model_id=model_id, adapter_id=part.adapter_id, gpu_class_id=gpu_class_id, day=day))
+            for part in parts
+        ),
+        ZERO,
+    )
+    return to_minor_unit(total, settings.BATCHERY_CURRENCY)
+
+
+def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
+    """The cost of one ledger line (read with `model` and its `adapters`), rounded to the minor unit."""
+    splits = [
+        {
+            "adapter_id": split.adapter_id,
+            "records": split.records_succeeded + split.records_failed,
+            "prompt_tokens": split.prompt_tokens,
+            "completion_tokens": split.completion_tokens,
+        }
+        for split in usage.adapters.all()
+    ]
+    whole = {
+        "adapter_id": None,
+        "records": usage.records_succeeded + usage.records_failed,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+    }
+    parts = parts_of(
+        gpu_seconds=_decimal(usage.gpu_seconds),
+        cached_prompt_tokens=usage.cached_prompt_tokens,
+        splits=splits,
+        whole=whole,
+    )
+    day = usage.recorded_at.astimezone(dt.UTC).date()
+    return parts_cost(parts, book=book, model_id=usage.model_id, gpu_class_id=usage.model.gpu_class_id, day=day)
+
+
+def usage_costs(lines: Iterable[JobUsage]) -> dict[Any, Decimal]:
+    """Each ledger line's cost by job id, pricing them all with one read of the prices."""
+    lines = list(lines)
+    book = PriceBook(model_ids={line.model_id for line in lines})
+    return {line.job_id: usage_cost(line, book=book) for line in lines}
+
+
+def priced_lines(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
+    """Ledger lines read with what pricing them needs."""
+    return usage.select_related("model", "tenant").prefetch_related("adapters")
+
+
+@dataclass(frozen=True)
+class PeriodCost:
+    """A month's cost, in all and per model (`name@version`)."""
+
+    period: dt.date
+    cost: Decimal
+    models: dict[str, Decimal]
+
+
+def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
+    """The lines' costs summed per month and, within it, per model. Read line by line: a month holds
+    jobs by the thousand, not the million, and each line may have its own price."""
+    lines = list(priced_lines(usage))
+    costs = usage_costs(lines)
+    totals: dict[dt.date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(lambda: ZERO))
+    for line in lines:
+        totals[line.period][str(line.model)] += costs[line.job_id]
+    return {
+        period: PeriodCost(period=period, cost=sum(models.values(), ZERO), models=dict(sorted(models.items())))
+        for period, models in totals.items()
+    }
+
+
+def job_cost_so_far(job: Job) -> Decimal:
+    """What a job's ended shards cost so far (its settled tokens and seconds), at today's prices;
+    once it ends, its ledger line's cost is the one billed."""
+    shards = list(
+        job.shards.exclude(status__in=UNSETTLED).values(
+            "record_count",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_prompt_tokens",
+            "compute_seconds",
+            "load_seconds",
+            "adapter_usage",
+        )
+    )
+    seconds = sum((_decimal(row["compute_seconds"]) + _decimal(row["load_seconds"]) for row in shards), ZERO)
+    ids = {key: entry["id"] for key, entry in _adapter_keys(job).items()}
+    by_adapter: dict[str, list[int]] = {}
+    for row in shards:
+        for key, counts in (row["adapter_usage"] or {}).items():
+            summed = by_adapter.setdefault(key, [0, 0, 0, 0])
+            for position, count in enumerate(counts):
+                summed[position] += count
+    splits = [
+        {"adapter_id": ids.get(key), "records": c[0] + c[1], "prompt_tokens": c[2], "completion_tokens": c[3]}
+        for key, c in sorted(by_adapter.items())
+    ]
+    whole = {
+        "adapter_id": None,
+        "records": sum(row["record_count"] for row in shards),
+        "prompt_tokens": sum(row["prompt_tokens"] for row in shards),
+        "completion_tokens": sum(row["completion_tokens"] for row in shards),
+    }
+    parts = parts_of(
+        gpu_seconds=seconds * job.model.gpus_per_replica,
+        cached_prompt_tokens=sum(row["cached_prompt_tokens"] for row in shards),
+        splits=splits,
+        whole=whole,
+    )
+    book = PriceBook(model_ids=[job.model_id])
+    return parts_cost(
+        parts, book=book, model_id=job.model_id, gpu_class_id=job.model.gpu_class_id, day=timezone.now().date()
+    )
+
+
+def _adapter_keys(job: Job) -> dict[str, dict[str, Any]]:
+    """The job's adapters by the key shards count them under (`name@version`), as the ledger reads them."""
+    return {f"{entry['spec']['name']}@{entry['spec']['version']}": entry for entry in job.adapters.values()}
+
+
+def job_cost(job: Job) -> Decimal:
+    """What a job costs: its ledger line's cost once it has ended, its ended shards' (`job_cost_so_far`) before."""
+    line = priced_lines(JobUsage.objects.filter(job=job)).first()
+    if line is not None:
+        return usage_costs([line])[job.pk]
+    return job_cost_so_far(job)

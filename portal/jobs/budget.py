@@ -1,0 +1,94 @@
+"""A tenant's monthly budget (`Quota.monthly_budget`) held against a job's low cost estimate.
+
+What a tenant has spent in a month is what its ledger lines of the month cost (`portal.jobs.billing`)
+plus what its jobs not yet ended hold: each job submitted under a budget holds its dry run's low
+estimate (`BudgetHold`) until it ends and its ledger line counts instead. A job whose low estimate
+passes the budget less that spend is refused at submission, with the quota row locked so that two
+submissions cannot both take the last of it. Budgets are in the deployment's currency.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Sum
+from django.utils import timezone
+
+from portal.catalog.money import ZERO
+from portal.jobs.billing import priced_lines, usage_costs
+from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
+from portal.jobs.quota import QuotaExceeded
+from portal.jobs.usage import month_of
+from portal.tenancy.models import BudgetHold, Quota
+
+QUOTA = "monthly_budget"
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """The budget held against one job, as the dry run shows it and submission judges it."""
+
+    limit: Decimal
+    spent: Decimal
+    """This month's ledger lines' cost plus the holds of the tenant's jobs not ended."""
+    adds: Decimal
+    """The job's low cost estimate."""
+    currency: str
+
+    @property
+    def left(self) -> Decimal:
+        """What would be left with the job counted; below 0: over the budget."""
+        return self.limit - self.spent - self.adds
+
+    @property
+    def refused(self) -> str | None:
+        if self.left >= 0:
+            return None
+        return (
+            f"quota {QUOTA} exceeded: budget {self.limit} {self.currency}, spent {self.spent:.2f} this month "
+            f"(ended jobs and the low estimates of jobs not ended), this job's low estimate {self.adds}"
+        )
+
+    def exceeded(self) -> QuotaExceeded:
+        return QuotaExceeded(
+            quota=QUOTA,
+            limit=str(self.limit),
+            current=f"{self.spent:.2f}",
+            requested=str(self.adds),
+            message=self.refused or "",
+        )
+
+
+def month_spend(tenant_id: int) -> Decimal:
+    """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds."""
+    lines = priced_lines(JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())))
+    settled = sum(usage_costs(lines).values(), ZERO)
+    open_jobs = Job.objects.filter(tenant_id=tenant_id).exclude(status__in=FINAL_STATUSES).values("id")
+    held = BudgetHold.objects.filter(tenant_id=tenant_id, job_id__in=open_jobs).aggregate(total=Sum("amount"))
+    return settled + (held["total"] or ZERO)
+
+
+def budget_line(quota: Quota, *, low: Decimal) -> BudgetLine | None:
+    """The tenant's budget held against a job of low estimate `low`; None: the quota sets no budget."""
+    if quota.monthly_budget is None:
+        return None
+    return BudgetLine(
+        limit=quota.monthly_budget,
+        spent=month_spend(quota.tenant_id),
+        adds=low,
+        currency=settings.BATCHERY_CURRENCY,
+    )
+
+
+def budget_reserve(quota: Quota, *, job_id: str | uuid.UUID, low: Decimal) -> None:
+    """Hold the job's low estimate against the budget of `quota`, whose row the caller has locked; raise
+    `QuotaExceeded` where it does not fit. A quota without a budget holds nothing."""
+    line = budget_line(quota, low=low)
+    if line is None:
+        return
+    if line.refused is not None:
+        raise line.exceeded()
+    BudgetHold.objects.create(tenant_id=quota.tenant_id, job_id=job_id, amount=low)

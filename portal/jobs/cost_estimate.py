@@ -1,0 +1,118 @@
+"""A job's cost before it runs, as the dry run reports it: a low and a high bound.
+
+Built from the dry run's own figures: its estimated GPU-seconds, the input tokens its tokenizer counted
+(extrapolated where it read a sample) and its records, at the prices in force today. Either figure may
+land off the estimate: the learned throughput drifts, a slot may load the model, a chat template adds
+tokens and truncation removes some; BATCHERY_COST_ESTIMATE_FACTOR (f) is how far either may land. So
+
+    low  = gpu_seconds / f * cheapest per-second + input_tokens / f * cheapest input price (cached or not)
+    high = gpu_seconds * f * dearest per-second  + input_tokens * f * dearest input price
+           + records * max_tokens * dearest output price
+
+where cheapest and dearest range over the prices of the model and of each adapter the job runs. Output
+tokens are not known before the run: the low bound counts none, the high bound the most the job's params
+allow (`max_completion_tokens` or `max_tokens`); a generating job whose params set neither has no high
+bound (None), as a record's own params may ask for more. An embedding or classifying job makes none.
+The budget quota holds a job to its low bound: what it will cost at least.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from portal.catalog.models import Model
+from portal.catalog.money import MILLION, ZERO, to_minor_unit
+from portal.catalog.pricing import PriceBook
+
+GENERATING = (Model.Task.GENERATE, Model.Task.CHAT)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """A job's cost before it runs, in the deployment's currency, rounded to its minor unit."""
+
+    low: Decimal
+    """What the job costs at least (the budget quota's figure)."""
+    high: Decimal | None
+    """What it costs at most; None: no bound (a generating job whose params do not cap its output)."""
+    currency: str
+    priced: bool
+    """False: the model has no price in force, so the job costs nothing."""
+
+
+def cost_estimate(
+    *,
+    model: Model,
+    adapter_ids: Collection[int],
+    gpu_seconds: float,
+    input_tokens: int | None,
+    records: int,
+    params: Mapping[str, Any],
+    day: dt.date | None = None,
+) -> CostEstimate:
+    """The bounds of a job's cost from the dry run's estimates (see the module). `input_tokens` None: the
+    engine has no tokenizer, so the input's tokens are bounded by 0 and, where they are priced, nothing."""
+    day = day or timezone.now().date()
+    book = PriceBook(model_ids=[model.pk])
+    found = [
+        book.price(model_id=model.pk, adapter_id=adapter_id, gpu_class_id=model.gpu_class_id, day=day)
+        for adapter_id in [None, *adapter_ids]
+    ]
+    prices = [price for price in found if price is not None]
+    currency = settings.BATCHERY_CURRENCY
+    if not prices:
+        free = to_minor_unit(ZERO, currency)
+        return CostEstimate(low=free, high=free, currency=currency, priced=False)
+    factor = Decimal(repr(settings.BATCHERY_COST_ESTIMATE_FACTOR))
+    seconds = Decimal(repr(float(gpu_seconds)))
+    tokens = Decimal(input_tokens or 0)
+    low = (
+        seconds / factor * min(p.per_gpu_second for p in prices)
+        + tokens / factor * min(min(p.per_million_input_tokens, p.cached_input_price) for p in prices) / MILLION
+    )
+    high: Decimal | None = seconds * factor * max(p.per_gpu_second for p in prices)
+    dearest_input = max(max(p.per_million_input_tokens, p.cached_input_price) for p in prices)
+    if input_tokens is None and dearest_input > 0:
+        high = None
+    elif high is not None:
+        high += tokens * factor * dearest_input / MILLION
+    dearest_output = max(p.per_million_output_tokens for p in prices)
+    if high is not None and model.task in GENERATING and dearest_output > 0:
+        cap = _max_output_tokens(params)
+        high = None if cap is None else high + records * cap * dearest_output / MILLION
+    return CostEstimate(
+        low=_round_down(low, currency),
+        high=None if high is None else _round_up(high, currency),
+        currency=currency,
+        priced=True,
+    )
+
+
+def _max_output_tokens(params: Mapping[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _round_down(amount: Decimal, currency: str) -> Decimal:
+    # Rounded outwards, so that the bounds still hold the cost rounded to the minor unit.
+    rounded = to_minor_unit(amount, currency)
+    return rounded if rounded <= amount else rounded - _unit(rounded)
+
+
+def _round_up(amount: Decimal, currency: str) -> Decimal:
+    rounded = to_minor_unit(amount, currency)
+    return rounded if rounded >= amount else rounded + _unit(rounded)
+
+
+def _unit(rounded: Decimal) -> Decimal:
+    return Decimal(1).scaleb(rounded.as_tuple().exponent)  # type: ignore[arg-type]
