@@ -42,7 +42,7 @@ INSERT INTO jobs_shard (
     job_id, "index", round, first_record, record_count, input_chars, estimated_seconds, input_uri, prefix_uri,
     status, task_id, speculative_task_id, slot_queue, dispatched_at, attempt, attempt_id, output_uri, errors_uri,
     succeeded_records, failed_records, prompt_tokens, completion_tokens, cached_prompt_tokens, worker, worker_pid,
-    cache_hit, started_at, finished_at, compute_seconds, load_seconds, error_codes, adapter_usage, error
+    cache_hit, started_at, finished_at, compute_seconds, load_seconds, error_codes, adapter_usage, provenance, error
 )
 SELECT
     j.id, i, 0, i * %(records)s, %(records)s, %(records)s * 160, 18.0 + (i %% 7), p.root || '/input/shard-'
@@ -55,7 +55,7 @@ SELECT
     %(records)s * 40 + i %% 97, 0, 0, 'slot-' || (i %% 8) || '@gpu-host-' || lpad((i / 8 %% 125)::text, 3, '0'),
     1000 + i %% 30000, true, j.finished_at - interval '9 minutes', j.finished_at - interval '8 minutes',
     17.5 + (i %% 11) / 10.0, CASE WHEN i %% 50 = 0 THEN 4.2 ELSE 0.0 END,
-    CASE WHEN i %% 20 = 0 THEN '{"invalid_request": 2}'::jsonb ELSE '{}'::jsonb END, '{}'::jsonb, ''
+    CASE WHEN i %% 20 = 0 THEN '{"invalid_request": 2}'::jsonb ELSE '{}'::jsonb END, '{}'::jsonb, '{}'::jsonb, ''
 FROM jobs_job j
 CROSS JOIN LATERAL (SELECT %(root)s || '/' || j.id::text AS root) p
 CROSS JOIN generate_series(0, %(per_job)s - 1) i

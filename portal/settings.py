@@ -263,6 +263,13 @@ BATCHERY_SPECULATION = env_bool(
     "BATCHERY_SPECULATION", True, doc="Run a copy of a straggling shard on a slot that would idle."
 )
 
+BATCHERY_ALLOW_MIXED_WEIGHTS = env_bool(
+    "BATCHERY_ALLOW_MIXED_WEIGHTS",
+    False,
+    doc="Accept a job whose shards ran on different weights of its model (slots whose files differ under one "
+    "catalog name), its manifest marking it; false fails such a job at its merge, naming each digest and host.",
+)
+
 # Batchery's own storage: shard inputs, attempt outputs and final outputs live under it.
 BATCHERY_STORAGE_URL = storage_url()
 # Inputs up to this size are checked line by line at submission, so a bad file is refused before a

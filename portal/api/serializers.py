@@ -205,6 +205,12 @@ class ParamsField(serializers.JSONField):
 class JobCreateSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200, help_text="A catalog model's name.")
     model_version = serializers.CharField(max_length=50, required=False)
+    model_digest = serializers.CharField(
+        max_length=80,
+        required=False,
+        help_text="Pin the job to these weights (a job manifest's `weights_digest`, `sha256:...`): refused if the "
+        "fleet no longer has them, and never run on others.",
+    )
     file = serializers.FileField(required=False, help_text="The input JSONL, uploaded (multipart).")
     input_uri = serializers.CharField(
         max_length=1000, required=False, help_text="Or the input's storage URI, under a location the tenant may read."
@@ -254,6 +260,7 @@ class JobCreateSerializer(serializers.Serializer):
         return JobRequest(
             model_name=data["model"],
             model_version=data.get("model_version"),
+            model_digest=data.get("model_digest", ""),
             input_uri=input_uri,
             params=data.get("params"),
             shard_size=data.get("shard_size"),

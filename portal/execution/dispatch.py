@@ -39,6 +39,7 @@ def shard_spec(job: Job, shard: Shard) -> ShardSpec:
         output_format=job.output_format if shard.round == 0 else "jsonl",
         adapters={name: AdapterSpec.from_dict(entry["spec"]) for name, entry in job.adapters.items()},
         adapter=job.adapter_name,
+        weights_digest=job.model_digest,
     )
 
 

@@ -16,6 +16,10 @@ the end; a stopped job, a retry round, or a staged copy found lost is merged who
 A prefix-grouped job (`plan_grouped.py`) is merged whole at the end, its shards' lines put in input
 order by their positions (`merge_order.py`); the bytes are those of the same job planned ungrouped.
 
+Before it publishes, the merge joins its committed shards' provenance into the job's manifest
+(`job_manifest`, written beside the output once it is published): shards that ran on different weights
+of the model fail the job there, unless the operator allows it.
+
 When a job is stopped (cancelled, expired) the merge does not wait: committed shards are kept and
 every other record becomes an error line with the stop reason as its code.
 """
@@ -33,6 +37,7 @@ import orjson
 import redis
 from django.utils import timezone
 
+from portal.execution.job_manifest import MixedWeights, job_manifest, job_manifest_write
 from portal.execution.locks import held_unless_taken
 from portal.execution.merge_order import write_errors_in_input_order, write_in_input_order
 from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
@@ -434,6 +439,16 @@ def _merge(job: Job, *, stop: str | None) -> None:
 
     for outcome in outcomes:
         _record_outcome(outcome)
+    try:
+        manifest = job_manifest(job, outcomes, stopped=bool(stop))
+    except MixedWeights as exc:
+        _drop_staging(job, cursor)
+        job_fail(job_id=job_id, reason=str(exc))
+        return
+    except ValueError as exc:
+        _drop_staging(job, cursor)
+        job_fail(job_id=job_id, reason=f"merge refused inconsistent shard output: {exc}")
+        return
     if job.retry_round:
         succeeded, failed = _stitch_retry(job, outcomes)
         shard_failures = _shard_failures(outcomes)
@@ -454,6 +469,7 @@ def _merge(job: Job, *, stop: str | None) -> None:
         except ParquetOutputError as exc:
             job_fail(job_id=job_id, reason=f"cannot write the Parquet output: {exc}")
             return
+    job_manifest_write(job, manifest)
     ending: str
     if stop:
         ending, source = STOP_ENDINGS[stop], (JobStatus.CANCELLING if stop == "cancelled" else JobStatus.MERGING)

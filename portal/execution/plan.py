@@ -30,6 +30,9 @@ is written. So a grouped job starts its first shard after its input has been rea
 first pass gives up after PROBE_RECORDS records where no beginning is shared enough, and the job is
 planned streaming as above.
 
+Once the input has been checked whole, the planner reads it once more, in order, for its digest
+(`input_digest`, which the job's manifest names it by), while the shards sent already run.
+
 A planner that died is replaced by the reconciler once its lease has lapsed and the job's
 `updated_at` (touched by a live planner every few seconds) has gone stale. The new planner reads the
 input again from its start, to check it whole, but writes only past the shards already created:
@@ -51,6 +54,7 @@ from django.utils import timezone
 
 from portal.execution.dispatch import job_queue, shards_revoke
 from portal.execution.endings import merge_when_settled
+from portal.execution.input_digest import input_digest
 from portal.execution.plan_grouped import GroupedShardWriter, grouped_shards_create
 from portal.execution.prefix_groups import PrefixGrouping, prefix_grouping, prefix_key_for
 from portal.execution.scheduler import schedule_job, schedule_queue
@@ -410,6 +414,15 @@ def _plan(job_id: str, *, resumed: bool) -> None:
     if job.prefix_groups and _planned_so_far(job)[1] != check.records:
         _refuse(job, f"the input changed while it was planned: {check.records} records, the plan holds others")
         return
+    try:
+        # Read once more, in order, while the shards already sent run: the manifest names the input by it.
+        digest = input_digest(job.input_uri, beat=dispatch.beat)
+    except PlanningStopped:
+        logger.info("job %s left planning while its input was read; planning stops", job_id)
+        return
+    except StorageError as exc:
+        _refuse(job, f"cannot read the input: {exc}")
+        return
 
     shard_count = job.shards.filter(round=0).count()
     moved = job_transition(
@@ -419,6 +432,7 @@ def _plan(job_id: str, *, resumed: bool) -> None:
         total_records=check.records,
         shard_count=shard_count,
         started_at=timezone.now(),
+        input_digest=digest,
     )
     if not moved:
         # Cancelled or expired while planning: its shards stay unsent, those sent were stopped.

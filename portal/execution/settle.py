@@ -96,6 +96,15 @@ def read_manifest(shard: Shard) -> ShardManifest | None:
     return manifest
 
 
+def shard_provenance_row(provenance: dict[str, Any]) -> dict[str, Any]:
+    """What a shard's row keeps of its commit's provenance: all of it but the model's file list, which the
+    job's manifest reads once a weights digest from one commit marker (`job_manifest`)."""
+    if not provenance:
+        return {}
+    model = {key: value for key, value in provenance.get("model", {}).items() if key != "files"}
+    return {**provenance, "model": model}
+
+
 def _success_values(manifest: ShardManifest) -> dict[str, Any]:
     """What a committed attempt writes on its shard's row."""
     return {
@@ -117,6 +126,7 @@ def _success_values(manifest: ShardManifest) -> dict[str, Any]:
         "load_seconds": manifest.load_seconds,
         "error_codes": manifest.error_codes,
         "adapter_usage": manifest.adapter_usage,
+        "provenance": shard_provenance_row(manifest.provenance),
     }
 
 
@@ -158,6 +168,7 @@ def shards_record_success(committed: Sequence[tuple[Shard, ShardManifest]]) -> l
         values = _success_values(manifest)
         values["error_codes"] = json.dumps(values["error_codes"])
         values["adapter_usage"] = json.dumps(values["adapter_usage"])
+        values["provenance"] = json.dumps(values["provenance"])
         params += [shard.pk, *values.values()]
     params.append(ShardStatus.SUCCEEDED)
     with connection.cursor() as cursor:

@@ -111,6 +111,15 @@ class Job(models.Model):
         help_text="Prefix groups the planner kept together; 0: each shard holds consecutive records.",
     )
     retry_round = models.PositiveIntegerField(default=0, help_text="0 until `retry` re-runs failed records.")
+    model_digest = models.CharField(
+        max_length=80, blank=True, help_text="The weights' digest the job was pinned to at submission; empty: any."
+    )
+    input_digest = models.CharField(
+        max_length=80, blank=True, help_text="sha256: of the input's bytes as stored, read by the planner."
+    )
+    provenance = models.JSONField(
+        default=dict, blank=True, help_text="How the output was made: the manifest.json written beside it."
+    )
     deadline_at = models.DateTimeField(null=True, blank=True, help_text="Past it the job ends `expired`.")
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -219,6 +228,11 @@ class Shard(models.Model):
     compute_seconds = models.FloatField(null=True, blank=True)
     load_seconds = models.FloatField(null=True, blank=True)
     error_codes = models.JSONField(default=dict, blank=True, help_text="Failed records per error code.")
+    provenance = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="How the committed attempt ran (`ShardManifest.provenance`) but the model's file list.",
+    )
     adapter_usage = models.JSONField(
         default=dict, blank=True, help_text="Records and tokens per adapter name ('' for the base model)."
     )

@@ -35,6 +35,8 @@ class JobRequest:
     """`jsonl` or `parquet`."""
     priority: int | None = None
     """0-9, at most the tenant's own; the tenant's where unset."""
+    model_digest: str = ""
+    """The digest of the weights the job must run on (``sha256:...``, a manifest's ``weights_digest``); empty: any."""
 
 
 class SubmissionError(Exception):

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet, Sum
 
+from portal.catalog.models import Model
 from portal.jobs.models import SCHEDULABLE, Job, JobAdapterUsage, JobUsage, Shard
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from tasks.shared.config import queue_readings
@@ -120,3 +121,11 @@ def adapter_usage_per_month(lines: QuerySet[JobAdapterUsage]) -> QuerySet[Any, A
         )
         .order_by("-period", "name")
     )
+
+
+def model_weights_digest(model: Model) -> str:
+    """The digest of the weights the model's last finished job ran on, by its manifest; "" where no job of the
+    model has one yet."""
+    jobs = Job.objects.filter(model=model, finished_at__isnull=False).exclude(provenance={})
+    latest = jobs.order_by("-finished_at").values_list("provenance__model__weights_digest", flat=True).first()
+    return str(latest or "")

@@ -44,6 +44,9 @@ class ShardSpec:
     """The LoRA adapters of ``model`` that the job's records may name (their ``model`` field), by that name."""
     adapter: str = ""
     """The adapter, of ``adapters``, that records naming no model run with; empty: the base model."""
+    weights_digest: str = ""
+    """The digest of the weights the job is pinned to (`gpuworkers.weights.digest`); a slot holding others
+    refuses the shard. Empty: any."""
 
     @property
     def commit_uri(self) -> str:

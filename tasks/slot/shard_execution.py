@@ -38,7 +38,7 @@ from tasks.shared.specs import ShardManifest, ShardSkipped, ShardSpec, read_comm
 from tasks.shared.stops import PAUSED, arrival_flags, stop_reason
 from tasks.shared.storage import ObjectStore, join_uri, store_for
 from tasks.slot import state as slot_state
-from tasks.slot.provenance import shard_provenance
+from tasks.slot.provenance import pinned_weights_check, shard_provenance
 from tasks.slot.record_adapters import AdapterTally, named_models, record_items
 from tasks.slot.record_seeds import seeded_items
 from tasks.slot.shard_bisect import run_checkpointed
@@ -147,6 +147,8 @@ def _run_attempt(
     engine = EmbeddingInputs(lookup.engine) if spec.model.task == "embed" else lookup.engine
     items, adapter_keys = _read_items(spec)
     params = {name: value for name, value in spec.params.items() if name != ADAPTER_PARAM}
+    pinned_weights_check(spec, lookup)
+    provenance = shard_provenance(spec, lookup, items)
     items = seeded_items(spec, items, params)
     chunk = int(params.get("micro_batch_size", micro_batch_size()))
 
@@ -259,7 +261,7 @@ def _run_attempt(
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         error_codes=dict(error_codes),
         adapter_usage=tally.usage,
-        provenance=shard_provenance(spec, lookup),
+        provenance=provenance,
     )
     if not store.put_if_absent(spec.commit_uri, orjson.dumps(manifest.to_dict())):
         # Another attempt committed first; ours is an orphan and the committed one stands.

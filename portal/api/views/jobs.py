@@ -90,7 +90,8 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         if self.action in ("list", "retrieve"):
             # Of the model, a job shows its name and version: reading its other columns (JSON among them)
             # and building them took a quarter of a list page's read.
-            columns = [field.name for field in Job._meta.concrete_fields]
+            # The provenance manifest, kilobytes a job, has its own route.
+            columns = [field.name for field in Job._meta.concrete_fields if field.name != "provenance"]
             queryset = queryset.only(*columns, "model__name", "model__version")
         return queryset
 
@@ -193,6 +194,22 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         Apart from the job's status, which pollers read every second in a fixed few queries."""
         job = self.get_object()
         return Response(JobCostSerializer({"final": job.is_finished, "cost": money_field(job_cost(job))}).data)
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="The job's manifest.json (docs/api.md, Provenance)."),
+            409: OpenApiResponse(description="Not merged yet: the manifest is written with the output."),
+        }
+    )
+    @action(detail=True, methods=["get"])
+    def manifest(self, request: Request, pk: str) -> Response:
+        """How the job's output was made: the model's weights and tokenizer by digest as its slots loaded them,
+        the engine's and the software's versions, its parameters and every record's own by digest, its seed,
+        its input's digest, and the GPU classes and hosts that ran it."""
+        job = self.get_object()
+        if not job.provenance:
+            raise conflict(f"job {job.id} is {job.status}: its manifest is written when its output is merged")
+        return Response(job.provenance)
 
     def _files(self, job: Job) -> dict[str, tuple[str, str]]:
         if not job.is_finished or not job.shard_count:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from portal.jobs.adapters import JobAdapters, adapter_entry
 from portal.jobs.models import Job
 from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, quota_check_model
 from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
+from portal.jobs.selectors import model_weights_digest
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.uploads import hide_storage_root, stored_upload_uri
 from portal.jobs.storage_layout import errors_uri, output_uri
@@ -55,6 +57,7 @@ upper bound. A wrong one refused here would otherwise fail in the scheduler, for
 MAX_SHARD_SIZE = 1_000_000
 """Records per shard when the submitter chooses: a worker holds a whole shard's input in memory."""
 MAX_DEADLINE_SECONDS = 365 * 24 * 3600
+WEIGHTS_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 """A year: a batch job's deadline is hours or days; the bound keeps the deadline a date."""
 
 
@@ -95,6 +98,24 @@ def _resolve_model(tenant: Tenant, name: str, version: str | None) -> tuple[Mode
         )
     quota_check_model(tenant, model, allowed)
     return model, adapter
+
+
+def pinned_weights_check(model: Model, digest: str) -> None:
+    """A job pinned to weights by digest: refused where the digest is malformed, or where the fleet no longer
+    has those weights (the model's last job ran others). A model no job has run yet is pinned as asked; its
+    slots refuse to run the job on other weights."""
+    if not WEIGHTS_DIGEST.fullmatch(digest):
+        raise SubmissionError(
+            f"model_digest must be 'sha256:' and 64 hex digits (a job manifest's weights_digest), not {digest!r}",
+            field="model_digest",
+        )
+    current = model_weights_digest(model)
+    if current and current != digest:
+        raise SubmissionError(
+            f"model {model.name}@{model.version} runs on weights {current} now, not {digest}: the fleet no longer "
+            "has them (submit without model_digest, or pinned to the weights it has)",
+            field="model_digest",
+        )
 
 
 @contextmanager
@@ -191,6 +212,7 @@ class CheckedRequest:
     priority: int | None
     shard_size: int | None
     deadline_seconds: float | None
+    model_digest: str = ""
 
     @property
     def input_field(self) -> str:
@@ -224,6 +246,7 @@ class CheckedRequest:
             output_uri=output_uri(job_id),
             errors_uri=errors_uri(job_id),
             deadline_at=timezone.now() + dt.timedelta(seconds=self.deadline_seconds) if self.deadline_seconds else None,
+            model_digest=self.model_digest,
         )
 
 
@@ -280,6 +303,8 @@ def submission_request(
             f"not {request.deadline_seconds}",
             field="deadline_seconds",
         )
+    if request.model_digest:
+        pinned_weights_check(model, request.model_digest)
     try:
         uri = normalize_input_uri(stored_upload_uri(request.input_uri, tenant_id=tenant.pk))
     except ValueError as exc:
@@ -297,4 +322,5 @@ def submission_request(
         priority=request.priority,
         shard_size=request.shard_size,
         deadline_seconds=request.deadline_seconds,
+        model_digest=request.model_digest,
     )

@@ -43,6 +43,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", required=True, help="catalog name, e.g. all-MiniLM-L6-v2")
         parser.add_argument("--model-version", default=None)
+        parser.add_argument(
+            "--model-digest", default="", help="Pin the job to these weights (a job manifest's weights_digest)."
+        )
         parser.add_argument("--input", required=True, help="a path or URI (file://, s3://): JSONL, CSV, TSV, Parquet")
         parser.add_argument("--tenant", default="default", help="tenant to submit as (created if missing)")
         parser.add_argument(
@@ -111,6 +114,7 @@ def job_request(options: dict[str, Any]) -> JobRequest:
     return JobRequest(
         model_name=options["model"],
         model_version=options["model_version"],
+        model_digest=options["model_digest"],
         input_uri=options["input"],
         params=params,
         shard_size=options["shard_size"],
