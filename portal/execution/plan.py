@@ -63,7 +63,7 @@ from portal.execution.shard_writer import ShardWriter
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
-from portal.jobs.storage_layout import job_root, shard_prefix
+from portal.jobs.storage_layout import job_root
 from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
@@ -200,18 +200,7 @@ class StreamingDispatch:
 
     def shard_written(self, planned: PlannedShard) -> None:
         shard_within_limit(planned)
-        self._waiting.append(
-            Shard(
-                job_id=self._job_id,
-                index=planned.index,
-                first_record=planned.first_record,
-                record_count=planned.record_count,
-                input_chars=planned.input_chars,
-                estimated_seconds=planned.estimated_seconds,
-                input_uri=planned.input_uri,
-                prefix_uri=shard_prefix(self._root, planned.index),
-            )
-        )
+        self._waiting.append(planned.row(job_id=self._job_id, root=self._root))
         now = time.monotonic()
         schedule = self.reading and (self._scheduled_at is None or now - self._scheduled_at >= SCHEDULE_EVERY_S)
         if schedule or now - self._inserted_at >= ROWS_WAIT_S or len(self._waiting) >= ROWS_PER_INSERT:

@@ -26,7 +26,7 @@ from django.db import transaction
 from portal.execution.prefix_groups import PrefixGrouping
 from portal.execution.shard_cut import PlannedShard, ShardCut, ShardCutter
 from portal.jobs.models import Job, JobStatus, Shard
-from portal.jobs.storage_layout import grouped_shard_input_uri, job_root, shard_positions_uri, shard_prefix
+from portal.jobs.storage_layout import grouped_shard_input_uri, job_root, shard_positions_uri
 from tasks.shared.formats.records import Record
 from tasks.shared.storage import store_for
 
@@ -163,19 +163,7 @@ def grouped_shards_create(*, job: Job, shards: list[PlannedShard], groups: int) 
         if Shard.objects.filter(job_id=job.pk, round=0).exists():
             return False
         Shard.objects.bulk_create(
-            (
-                Shard(
-                    job_id=job.pk,
-                    index=shard.index,
-                    first_record=shard.first_record,
-                    record_count=shard.record_count,
-                    input_chars=shard.input_chars,
-                    estimated_seconds=shard.estimated_seconds,
-                    input_uri=shard.input_uri,
-                    prefix_uri=shard_prefix(root, shard.index),
-                )
-                for shard in shards
-            ),
+            (shard.row(job_id=job.pk, root=root) for shard in shards),
             batch_size=ROWS_PER_INSERT,
         )
         Job.objects.filter(pk=job.pk).update(prefix_groups=groups)

@@ -17,8 +17,9 @@ from django.conf import settings
 from portal.catalog.throughput import CostModel, throughput_estimate
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
-from portal.jobs.models import UNSETTLED, Job
+from portal.jobs.models import UNSETTLED, Job, Shard
 from portal.jobs.selectors import queue_shards
+from portal.jobs.storage_layout import shard_prefix
 from tasks.shared.formats.records import Record
 
 
@@ -161,6 +162,20 @@ class PlannedShard:
     input_uri: str
     input_chars: int = 0
     estimated_seconds: float = 0.0
+
+    def row(self, *, job_id: Any, root: str, round_: int = 0) -> Shard:
+        """The shard's row (not saved), its attempts under the job's `root`."""
+        return Shard(
+            job_id=job_id,
+            index=self.index,
+            round=round_,
+            first_record=self.first_record,
+            record_count=self.record_count,
+            input_chars=self.input_chars,
+            estimated_seconds=self.estimated_seconds,
+            input_uri=self.input_uri,
+            prefix_uri=shard_prefix(root, self.index),
+        )
 
 
 class ShardCutter:

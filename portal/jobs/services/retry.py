@@ -23,7 +23,7 @@ from portal.execution.shard_cut import ShardCut
 from portal.execution.shard_writer import ShardWriter
 from portal.jobs.models import RETRYABLE_STATUSES, Job, JobStatus, Shard
 from portal.jobs.services.retention import shards_kept
-from portal.jobs.storage_layout import job_root, shard_prefix
+from portal.jobs.storage_layout import job_root
 from portal.jobs.transitions import job_transition
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.stops import clear_stop
@@ -87,20 +87,7 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
         )
         if not moved:
             raise CannotRetry(f"job {job_id} changed while being retried")
-        Shard.objects.bulk_create(
-            Shard(
-                job_id=job_id,
-                index=shard.index,
-                round=round_,
-                first_record=shard.first_record,
-                record_count=shard.record_count,
-                input_chars=shard.input_chars,
-                estimated_seconds=shard.estimated_seconds,
-                input_uri=shard.input_uri,
-                prefix_uri=shard_prefix(root, shard.index),
-            )
-            for shard in planned
-        )
+        Shard.objects.bulk_create(shard.row(job_id=job_id, root=root, round_=round_) for shard in planned)
 
         transaction.on_commit(lambda: schedule_job(job_id=job_id))
         audit_record(
