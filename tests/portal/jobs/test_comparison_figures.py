@@ -1,0 +1,70 @@
+"""The comparison's pure parts: the bit-parallel edit distance against the textbook table, endings that
+changed between the outputs, and outputs of different inputs refused."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from portal.jobs.comparison.edit_distance import levenshtein
+from portal.jobs.comparison.pairs import OutputsDiffer
+from portal.jobs.comparison.report import ComparisonLimits, compare_outputs
+from tests.support.reruns import edit_distance
+
+LIMITS = ComparisonLimits(neighbour_sample=200, max_vector_bytes=1 << 20)
+
+
+def test_the_bit_parallel_edit_distance_is_the_textbook_one() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        a = "".join(rng.choice("abc") for _ in range(rng.randint(0, 90)))
+        b = "".join(rng.choice("abcd") for _ in range(rng.randint(0, 90)))
+        assert levenshtein(a, b) == edit_distance(a, b), (a, b)
+
+
+def write(path: Path, lines: list[dict[str, object]]) -> str:
+    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    return path.as_uri()
+
+
+def ok(custom_id: str, text: str, reason: str = "stop") -> dict[str, object]:
+    return {"custom_id": custom_id, "response": {"text": text, "finish_reason": reason}}
+
+
+def failed(custom_id: str) -> dict[str, object]:
+    return {"custom_id": custom_id, "error": {"code": "engine_error", "message": "boom"}}
+
+
+def test_records_that_failed_on_one_side_are_counted_apart_from_the_texts_compared(tmp_path: Path) -> None:
+    old = write(tmp_path / "old", [ok("a", "same"), ok("b", "kitten"), failed("c"), ok("d", "x"), failed("e")])
+    new = write(
+        tmp_path / "new", [ok("a", "same"), ok("b", "sitting", "length"), ok("c", "y"), failed("d"), failed("e")]
+    )
+
+    report = compare_outputs(old_uri=old, new_uri=new, task="generate", records=5, limits=LIMITS)
+
+    assert report["records"] == {"compared": 5, "both_ok": 2, "ok_to_error": 1, "error_to_ok": 1, "both_error": 1}
+    text = report["text"]
+    assert text["exact_match_rate"] == 0.5
+    assert text["edit_distance"]["histogram"]["counts"] == [1, 0, 0, 0, 1, 0, 0, 0, 0, 0], "0 and 3/7"
+    assert text["finish_reason_changes"] == {"stop->length": 1}
+    assert [entry["custom_id"] for entry in text["most_changed"]] == ["b"]
+
+
+def test_outputs_of_different_inputs_are_not_compared(tmp_path: Path) -> None:
+    old = write(tmp_path / "old", [ok("a", "x"), ok("b", "y")])
+    with pytest.raises(OutputsDiffer, match="custom_id"):
+        compare_outputs(
+            old_uri=old,
+            new_uri=write(tmp_path / "new", [ok("a", "x"), ok("c", "y")]),
+            task="generate",
+            records=2,
+            limits=LIMITS,
+        )
+    with pytest.raises(OutputsDiffer, match="more lines"):
+        compare_outputs(
+            old_uri=old, new_uri=write(tmp_path / "short", [ok("a", "x")]), task="generate", records=2, limits=LIMITS
+        )
