@@ -232,3 +232,20 @@ def test_params_are_merged_over_the_old_ones_and_a_null_removes_a_key() -> None:
         "top_p": 0.9,
     }
     assert rerun_params(old, None) == old
+
+
+def test_the_command_line_reruns_a_job_with_changes_and_names_a_refused_field(roots: Path, minilm: Model) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    job = submitted(roots, minilm.name, [{"input": "a"}, {"input": "b"}], batch_size=8)
+    out = StringIO()
+    call_command("rerun", str(job.pk), "--params", '{"batch_size": 4, "normalize": true}', stdout=out)
+    rerun = Job.objects.get(rerun_of=job)
+    assert f"job {rerun.id} re-runs job {job.pk}" in out.getvalue()
+    assert rerun.params == {**job.params, "batch_size": 4, "normalize": True}
+    with pytest.raises(CommandError, match="must be a JSON object"):
+        call_command("rerun", str(job.pk), "--params", "[1]")
+    with pytest.raises(CommandError, match=r"^model: "):
+        call_command("rerun", str(job.pk), "--model", "no-such-model")
