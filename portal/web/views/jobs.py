@@ -205,6 +205,11 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "can_pause": member and job.status == JobStatus.RUNNING,
         "can_resume": member and job.status == JobStatus.PAUSED,
         "can_retry": member and job_retryable(job, now=timezone.now()),
+        "can_rerun": member,
+        "rerun_models": sorted(
+            set(models_for_tenant(portal.tenant).filter(task=job.model.task).values_list("name", flat=True))
+        ),
+        "reruns": list(job.reruns.order_by("-created_at")[:10]),
         "downloads": job.is_finished and job.shard_count > 0,
         "partial_download": job.status in OFFERED_STATUSES,
         "sampled_at": time.time(),
