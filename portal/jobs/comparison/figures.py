@@ -4,6 +4,7 @@ that changed most."""
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 PERCENTILES = {"p1": 1, "p5": 5, "p25": 25, "median": 50, "p75": 75, "p95": 95}
 
 
-def distribution(values: Sequence[float] | np.ndarray, *, edges: Sequence[float]) -> dict[str, Any]:
+def distribution(values: Sequence[float] | array[float] | np.ndarray, *, edges: Sequence[float]) -> dict[str, Any]:
     """`values` summarised: `count`, `min`, `p1`, `p5`, `p25`, `median`, `mean`, `p75`, `p95`, `max` (numpy's
     linear-interpolation percentiles; null without values) and `histogram`: `edges` and the `counts` of the
     values between each two (numpy's `histogram`: each bin holds its left edge, the last its right one too)."""

@@ -1,6 +1,6 @@
 """A re-run's comparison report: computed from both outputs the first time it is asked for once both jobs
 have ended with an output, written beside the re-run's output (`comparison.json`), and read from there
-after.
+after, until a retry round of either job rewrites its output (the report names each job's round).
 
 Computed on first read rather than by a task at the job's ending: nothing is sent, so nothing can be
 lost, and a crash mid-computation leaves no state to resume (the next read computes it again; the file
@@ -64,7 +64,8 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
     try:
         if store.exists(uri):
             report: dict[str, Any] = orjson.loads(store.read_bytes(uri))
-            return report
+            if _current(report, job, old):
+                return report
         report = _report(job, old, now=now or timezone.now())
         with store.open_write(uri) as target:
             target.write(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -76,6 +77,13 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
     return report
 
 
+def _current(report: dict[str, Any], job: Job, old: Job) -> bool:
+    """Whether a stored report is of the outputs as they are: a retry round since rewrote an output in place."""
+    return all(
+        report.get(side, {}).get("retry_round") == subject.retry_round for side, subject in (("old", old), ("new", job))
+    )
+
+
 def _side(job: Job) -> dict[str, Any]:
     return {
         "job": str(job.id),
@@ -83,6 +91,7 @@ def _side(job: Job) -> dict[str, Any]:
         "model_version": job.model.version,
         "params": job.params,
         "status": job.status,
+        "retry_round": job.retry_round,
         "succeeded_records": job.succeeded_records,
         "failed_records": job.failed_records,
     }

@@ -12,7 +12,11 @@ import pytest
 from portal.jobs.comparison.edit_distance import levenshtein
 from portal.jobs.comparison.pairs import OutputsDiffer
 from portal.jobs.comparison.report import ComparisonLimits, compare_outputs
+from portal.jobs.models import Job
+from portal.jobs.services.comparison import job_comparison
+from portal.tenancy.models import Tenant
 from tests.support.reruns import edit_distance
+from tests.web.rerun_fixtures import rerun_pair
 
 LIMITS = ComparisonLimits(neighbour_sample=200, max_vector_bytes=1 << 20)
 
@@ -68,3 +72,18 @@ def test_outputs_of_different_inputs_are_not_compared(tmp_path: Path) -> None:
         compare_outputs(
             old_uri=old, new_uri=write(tmp_path / "short", [ok("a", "x")]), task="generate", records=2, limits=LIMITS
         )
+
+
+@pytest.mark.django_db
+def test_a_stored_report_is_computed_again_once_a_retry_round_has_rewritten_an_output(
+    acme: Tenant, tmp_path: Path
+) -> None:
+    _, new = rerun_pair(acme, tmp_path)
+    assert job_comparison(job=new)["text"]["exact_match_rate"] == 0.5
+    (tmp_path / "new" / "output.jsonl").write_bytes((tmp_path / "old" / "output.jsonl").read_bytes())
+    assert job_comparison(job=new)["text"]["exact_match_rate"] == 0.5, "the stored report is served"
+
+    Job.objects.filter(pk=new.pk).update(retry_round=1)
+    new.refresh_from_db()
+
+    assert job_comparison(job=new)["text"]["exact_match_rate"] == 1.0
