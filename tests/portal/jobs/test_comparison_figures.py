@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
 from portal.jobs.comparison.edit_distance import levenshtein
+from portal.jobs.comparison.embed import sample_rows
 from portal.jobs.comparison.pairs import OutputsDiffer
 from portal.jobs.comparison.report import ComparisonLimits, compare_outputs
 from portal.jobs.models import Job
@@ -87,3 +89,60 @@ def test_a_stored_report_is_computed_again_once_a_retry_round_has_rewritten_an_o
     new.refresh_from_db()
 
     assert job_comparison(job=new)["text"]["exact_match_rate"] == 1.0
+
+
+def test_a_chat_answer_in_openais_shape_is_compared_by_its_message_content(tmp_path: Path) -> None:
+    def chat(custom_id: str, content: str) -> dict[str, object]:
+        choice = {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        return {"custom_id": custom_id, "response": {"choices": [choice], "usage": {"completion_tokens": 3}}}
+
+    old = write(tmp_path / "old", [chat("a", "hello"), chat("b", "abcd")])
+    new = write(tmp_path / "new", [chat("a", "hello"), chat("b", "abXd")])
+    text = compare_outputs(old_uri=old, new_uri=new, task="chat", records=2, limits=LIMITS)["text"]
+    assert text["exact_match_rate"] == 0.5
+    assert text["edit_distance"]["mean"] == pytest.approx(0.125), "(0 + 1/4) / 2"
+    assert text["mean_length_change"] == {"chars": 0.0, "completion_tokens": 0.0}
+
+
+def test_neighbours_are_compared_for_a_seeded_sample_when_the_pool_is_larger(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(60, 8))
+    b = a + rng.normal(scale=0.5, size=a.shape)
+
+    def embeddings(vectors: np.ndarray) -> list[dict[str, object]]:
+        return [{"custom_id": str(n), "response": {"embedding": row.tolist()}} for n, row in enumerate(vectors)]
+
+    limits = ComparisonLimits(neighbour_sample=7, max_vector_bytes=1 << 20)
+    report = compare_outputs(
+        old_uri=write(tmp_path / "old", embeddings(a)),
+        new_uri=write(tmp_path / "new", embeddings(b)),
+        task="embed",
+        records=60,
+        limits=limits,
+    )
+
+    neighbours = report["embeddings"]["neighbours"]
+    assert (neighbours["pool"], neighbours["sample"], neighbours["k"]) == (60, 7, 10)
+    unit_a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    unit_b = b / np.linalg.norm(b, axis=1, keepdims=True)
+
+    def nearest(vectors: np.ndarray, row: int) -> set[int]:
+        similarity = vectors @ vectors[row]
+        similarity[row] = -np.inf
+        return set(np.argsort(-similarity)[:10].tolist())
+
+    rows = sample_rows(60, 7)
+    assert len(set(rows.tolist())) == 7
+    expected = np.mean([len(nearest(unit_a, row) & nearest(unit_b, row)) / 10 for row in rows.tolist()])
+    assert neighbours["mean_overlap"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_neighbour_pool_stops_at_its_memory_cap(tmp_path: Path) -> None:
+    vectors = [{"custom_id": str(n), "response": {"embedding": [1.0, float(n), 0.5, 2.0]}} for n in range(50)]
+    uri = write(tmp_path / "out", vectors)
+    # 2 vectors of 4 float32 a record: 32 bytes; 20 records' worth.
+    limits = ComparisonLimits(neighbour_sample=200, max_vector_bytes=20 * 32)
+    report = compare_outputs(old_uri=uri, new_uri=uri, task="embed", records=50, limits=limits)
+    figures = report["embeddings"]
+    assert figures["cosine"]["count"] == 50, "every record compared by cosine"
+    assert (figures["neighbours"]["pool"], figures["neighbours"]["mean_overlap"]) == (20, 1.0)
