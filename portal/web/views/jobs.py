@@ -49,6 +49,7 @@ from portal.web.selectors import (
     tenant_jobs,
     throughput_history,
 )
+from portal.web.views.reruns import rerun_context
 from tasks.shared.storage import StorageError, store_for
 
 JOBS_PER_PAGE = 25
@@ -205,11 +206,6 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "can_pause": member and job.status == JobStatus.RUNNING,
         "can_resume": member and job.status == JobStatus.PAUSED,
         "can_retry": member and job_retryable(job, now=timezone.now()),
-        "can_rerun": member,
-        "rerun_models": sorted(
-            set(models_for_tenant(portal.tenant).filter(task=job.model.task).values_list("name", flat=True))
-        ),
-        "reruns": list(job.reruns.order_by("-created_at")[:10]),
         "downloads": job.is_finished and job.shard_count > 0,
         "partial_download": job.status in OFFERED_STATUSES,
         "sampled_at": time.time(),
@@ -218,7 +214,8 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
 
 @tenant_view()
 def job_detail(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    return page(request, portal, "web/job.html", _job_context(portal, _job(portal, job_id)))
+    job = _job(portal, job_id)
+    return page(request, portal, "web/job.html", {**_job_context(portal, job), **rerun_context(portal, job)})
 
 
 @tenant_view()

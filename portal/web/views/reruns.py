@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.models import User
@@ -12,6 +13,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from portal.catalog.selectors import models_for_tenant
+from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
 from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison
 from portal.jobs.services.rerun import RerunChanges, job_rerun
@@ -19,6 +22,17 @@ from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view
 from portal.web.histogram import HEIGHT, WIDTH, histogram_bars
 from portal.web.selectors import tenant_jobs
+
+
+def rerun_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
+    """What the job page's Re-run card shows: the link to the job it re-runs, its own re-runs, and for
+    members the form's models (the tenant's models of the job's task). Not on the live panel's polls."""
+    models = models_for_tenant(portal.tenant).filter(task=job.model.task)
+    return {
+        "can_rerun": portal.allows(Membership.Role.MEMBER),
+        "rerun_models": sorted(set(models.values_list("name", flat=True))),
+        "reruns": list(job.reruns.order_by("-created_at")[:10]),
+    }
 
 
 def _changes(request: HttpRequest) -> RerunChanges:
