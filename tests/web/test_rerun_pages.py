@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from portal.jobs.models import Job
+from portal.jobs.requests import JobRequest
+from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Membership, Tenant
 from tests.web.rerun_fixtures import rerun_pair
 
@@ -52,3 +55,22 @@ def test_a_refused_rerun_is_named_on_the_job_page_and_a_viewer_sees_no_form(
     viewer = _client(person("val", acme, role=Membership.Role.VIEWER))
     assert 'id="rerun-form"' not in viewer.get(f"/jobs/{old.pk}/").content.decode()
     assert viewer.post(f"/jobs/{old.pk}/rerun/", {}).status_code == 403
+
+
+def test_a_member_reruns_a_job_from_its_page_and_lands_on_the_new_job(
+    person: Callable[..., User], acme: Tenant, minilm: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.BATCHERY_INPUT_ROOTS = [tmp_path.as_uri()]
+    path = tmp_path / "input.jsonl"
+    path.write_text('{"input": "a"}\n{"input": "b"}\n')
+    request = JobRequest(model_name=minilm.name, input_uri=str(path), params={"batch_size": 8})
+    job = job_submit(tenant=acme, request=request)
+    member = _client(person("alice", acme))
+    assert 'id="rerun-form"' in member.get(f"/jobs/{job.pk}/").content.decode()
+
+    answer = member.post(f"/jobs/{job.pk}/rerun/", {"model": minilm.name, "params": '{"batch_size": 4}'}, follow=True)
+
+    rerun = Job.objects.get(rerun_of=job)
+    assert answer.redirect_chain[-1][0] == f"/jobs/{rerun.pk}/"
+    assert "Re-running as job" in answer.content.decode()
+    assert rerun.params["batch_size"] == 4
