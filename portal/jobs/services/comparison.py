@@ -36,12 +36,8 @@ class NotARerun(Exception):
 
 
 class ComparisonNotReady(Exception):
-    """The comparison cannot be made now: a job has not ended, ended without an output, or an output is
-    unreadable. `final` says whether waiting can help."""
-
-    def __init__(self, message: str, *, final: bool) -> None:
-        super().__init__(message)
-        self.final = final
+    """The comparison cannot be made now: a job has not ended, or ended without an output to compare (failed,
+    cancelled, expired), or an output is unreadable; the message says which."""
 
 
 def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -53,11 +49,9 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
         raise NotARerun(f"job {job.id} is not a re-run of another job")
     for which, subject in (("re-run", job), ("job it re-runs", old)):
         if subject.status not in COMPARABLE:
-            final = subject.is_finished
             raise ComparisonNotReady(
                 f"the {which} (job {subject.id}) is {subject.status}: the comparison is made once both jobs "
-                "have succeeded or partially succeeded",
-                final=final,
+                "have succeeded or partially succeeded"
             )
     uri = comparison_uri(job_root(job))
     store = store_for(uri)
@@ -70,9 +64,9 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
         with store.open_write(uri) as target:
             target.write(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     except (StorageError, OSError) as exc:
-        raise ComparisonNotReady(f"the outputs cannot be read: {exc}", final=False) from exc
+        raise ComparisonNotReady(f"the outputs cannot be read: {exc}") from exc
     except OutputsDiffer as exc:
-        raise ComparisonNotReady(f"the outputs are not of one input: {exc}", final=True) from exc
+        raise ComparisonNotReady(f"the outputs are not of one input: {exc}") from exc
     logger.info("job %s: comparison against job %s written to %s", job.id, old.id, uri)
     return report
 
