@@ -5,7 +5,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0017_job_prefix_groups"),
+        ("jobs", "0018_job_provenance"),
     ]
 
     operations = [
