@@ -286,6 +286,19 @@ BATCHERY_VALIDATE_ON_SUBMIT_MAX_BYTES = env_int(
 # A dry run answers within a web request: it reads at most this much of the input and extrapolates
 # to the whole (the report says it did, and from what). 20,000 records tokenize in about a second on
 # one core; 8 MiB holds them for sentences of a few hundred characters.
+BATCHERY_COMPARISON_NEIGHBOUR_SAMPLE = env_int(
+    "BATCHERY_COMPARISON_NEIGHBOUR_SAMPLE",
+    200,
+    minimum=1,
+    doc="A re-run's comparison of embeddings compares the 10 nearest neighbours of this many sampled records.",
+)
+BATCHERY_COMPARISON_VECTOR_BYTES = env_int(
+    "BATCHERY_COMPARISON_VECTOR_BYTES",
+    256 * 1024 * 1024,
+    minimum=0,
+    doc="Memory for the old and new vectors (float32) a re-run's comparison searches neighbours among; records "
+    "past it are compared by cosine only.",
+)
 BATCHERY_DRY_RUN_MAX_RECORDS = env_int(
     "BATCHERY_DRY_RUN_MAX_RECORDS",
     20_000,

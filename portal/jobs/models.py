@@ -79,6 +79,14 @@ class Job(models.Model):
         blank=True,
         help_text="Every adapter the job or its records name: name -> {id, spec}; what each shard's message carries.",
     )
+    rerun_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="reruns",
+        help_text="The job this one re-runs (same input; its comparison report is against that job's output).",
+    )
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     error = models.TextField(blank=True)
 

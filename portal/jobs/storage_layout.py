@@ -61,3 +61,8 @@ def errors_uri(job_id: str) -> str:
 def parquet_output_uri(root: str) -> str:
     """The Parquet copy of the output, for jobs that ask for Parquet (the JSONL stays: retries stitch it)."""
     return join_uri(root, "output.parquet")
+
+
+def comparison_uri(root: str) -> str:
+    """A re-run's comparison report against the job it re-runs, beside its output."""
+    return join_uri(root, "comparison.json")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
-from portal.web.views import adapters, invitations, jobs, keys, members, pages, webhooks
+from portal.web.views import adapters, invitations, jobs, keys, members, pages, reruns, webhooks
 
 pages_patterns: list[URLPattern | URLResolver] = [
     path("", jobs.dashboard, name="dashboard"),
@@ -20,6 +20,8 @@ pages_patterns: list[URLPattern | URLResolver] = [
     path("jobs/<uuid:job_id>/cancel/", jobs.job_cancel_view, name="job-cancel"),
     path("jobs/<uuid:job_id>/retry/", jobs.job_retry_view, name="job-retry"),
     path("jobs/<uuid:job_id>/pause/", jobs.job_pause_view, name="job-pause"),
+    path("jobs/<uuid:job_id>/rerun/", reruns.job_rerun_view, name="job-rerun"),
+    path("jobs/<uuid:job_id>/comparison/", reruns.job_comparison_view, name="job-comparison"),
     path("jobs/<uuid:job_id>/resume/", jobs.job_resume_view, name="job-resume"),
     path("jobs/<uuid:job_id>/output/", jobs.job_download, {"name": "output"}, name="job-output"),
     path("jobs/<uuid:job_id>/output/partial/", jobs.job_partial_download, name="job-output-partial"),

@@ -153,3 +153,24 @@ def build_tiny_lora(base: Path, directory: Path, *, seed: int, rank: int = 4) ->
     adapted = get_peft_model(model, config)
     adapted.save_pretrained(str(directory))
     return directory
+
+
+def save_perturbed_copy(source: Path, directory: Path, *, scale: float, seed: int = 1) -> Path:
+    """Load the Hugging Face model in ``source``, add Gaussian noise of ``scale`` (seeded) to each of its
+    weight matrices, and save it with its tokenizer into ``directory``: the same model retrained a little."""
+    import shutil
+
+    import torch
+    import transformers
+
+    # The class the model was saved from (its head included), as its config names it.
+    architecture = transformers.AutoConfig.from_pretrained(source).architectures[0]
+    model = getattr(transformers, architecture).from_pretrained(source)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    shutil.copytree(source, directory, dirs_exist_ok=True)
+    model.save_pretrained(directory)
+    return directory

@@ -26,6 +26,7 @@ from portal.api.scoping import TenantScopedMixin
 from portal.api.serializers import JobCreateSerializer, JobSerializer
 from portal.api.uploads import store_upload
 from portal.api.usage_serializers import JobCostSerializer, money_field
+from portal.api.views.job_rerun import JobRerunActions
 from portal.jobs.billing import job_cost
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
@@ -79,7 +80,9 @@ class OutputQuerySerializer(serializers.Serializer):
         }
 
 
-class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(
+    TenantScopedMixin, JobRerunActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     queryset = Job.objects.select_related("model").all()
     serializer_class = JobSerializer
     filterset_class = JobFilter

@@ -49,6 +49,7 @@ from portal.web.selectors import (
     tenant_jobs,
     throughput_history,
 )
+from portal.web.views.reruns import rerun_context
 from tasks.shared.storage import StorageError, store_for
 
 JOBS_PER_PAGE = 25
@@ -213,7 +214,8 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
 
 @tenant_view()
 def job_detail(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
-    return page(request, portal, "web/job.html", _job_context(portal, _job(portal, job_id)))
+    job = _job(portal, job_id)
+    return page(request, portal, "web/job.html", {**_job_context(portal, job), **rerun_context(portal, job)})
 
 
 @tenant_view()
