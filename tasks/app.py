@@ -17,6 +17,7 @@ SLOT_TASK_MODULES = ("tasks.slot.run_shard", "tasks.slot.diagnostics")
 """Tasks of GPU (and `cpu`) queues: no database, only the broker and the store."""
 CONTROL_TASK_MODULES = (
     "tasks.control.plan",
+    "tasks.control.compare",
     "tasks.control.merge",
     "tasks.control.shard_done",
     "tasks.control.reconcile",

@@ -15,6 +15,7 @@ from celery.canvas import Signature
 
 from tasks.app import app
 from tasks.shared.config import (
+    COMPARE_TASK,
     CONTROL_QUEUE,
     DELIVER_WEBHOOK_TASK,
     FINALIZE_BATCH_TASK,
@@ -41,6 +42,11 @@ class ShardLimits(NamedTuple):
 
 def send_plan(job_id: str, *, task_id: str | None = None) -> None:
     app.send_task(PLAN_TASK, (job_id,), task_id=task_id, queue=PLANNING_QUEUE)
+
+
+def send_comparison(job_id: str) -> None:
+    """Write the comparison report of a re-run that has ended (on the planning lane: it reads two outputs)."""
+    app.send_task(COMPARE_TASK, (job_id,), queue=PLANNING_QUEUE)
 
 
 def send_merge(job_id: str, *, stop: str | None = None, task_id: str | None = None) -> None:

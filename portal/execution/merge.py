@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 import orjson
 import redis
+from django.db import transaction
 from django.utils import timezone
 
 from portal.execution.job_manifest import MixedWeights, job_manifest, job_manifest_write
@@ -45,6 +46,7 @@ from portal.execution.shard_outcomes import ShardOutcome, unfinished_lines, unfi
 from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from portal.jobs.transitions import job_fail, job_transition
+from tasks import send
 from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.parquet_output import ParquetOutputError, jsonl_to_parquet
 from tasks.shared.formats.parquet_pieces import PiecesDisagree, PieceSource, merge_pieces
@@ -492,3 +494,6 @@ def _merge(job: Job, *, stop: str | None) -> None:
         finished_at=timezone.now(),
     )
     logger.info("job %s %s: %d succeeded, %d failed", job_id, ending, succeeded, failed)
+    if job.rerun_of_id is not None and ending in (JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED):
+        # Its comparison report is written now, so the first to ask reads a file (`services.comparison`).
+        transaction.on_commit(lambda: send.send_comparison(job_id))

@@ -32,6 +32,8 @@ SLOT_INFO_TASK = "batchery.slot_info"
 """What a slot's process sees, for operators and tests (`tasks.slot.diagnostics`)."""
 PLAN_TASK = "batchery.plan_job"
 """Cuts a queued job's input into shards (`tasks.control.plan`)."""
+COMPARE_TASK = "batchery.compare_rerun"
+"""Writes a re-run's comparison report once it has ended (`tasks.control.compare`)."""
 SHARDS_ENDED_TASK = "batchery.shard_done"
 """The callback of a chord of shards: reports their endings (`tasks.control.shard_done`)."""
 MERGE_TASK = "batchery.merge_job"
@@ -49,7 +51,7 @@ DELIVER_WEBHOOK_TASK = "batchery.deliver_webhook"
 WEBHOOKS_SWEEP_TASK = "batchery.webhooks_sweep"
 """The periodic sweep of overdue webhook deliveries (`tasks.control.webhooks`)."""
 CONTROL_TASKS = (SHARDS_ENDED_TASK, MERGE_TASK, RECONCILE_TASK, RETENTION_TASK, FINALIZE_BATCH_TASK)
-PLANNING_TASKS = (PLAN_TASK,)
+PLANNING_TASKS = (PLAN_TASK, COMPARE_TASK)
 WEBHOOK_TASKS = (DELIVER_WEBHOOK_TASK, WEBHOOKS_SWEEP_TASK)
 VALIDATION_TASKS = (VALIDATE_BATCH_TASK,)
 TASK_QUEUES = {

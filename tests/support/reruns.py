@@ -15,9 +15,9 @@ from tasks.shared.specs import ShardManifest
 from tasks.slot.shard_execution import execute_shard
 
 
-def run_in_process(job: Job, captured: Any) -> Job:
+def run_in_process(job: Job, captured: Any, *, merged: list[Any] | None = None) -> Job:
     """Run `job` to its ending; `captured` is pytest-django's `django_capture_on_commit_callbacks`, which
-    holds back the messages planning and merging would send."""
+    holds back the messages planning and merging would send (those of the merge put in `merged`)."""
     with captured():
         job_plan(job_id=str(job.id))
     job.refresh_from_db()
@@ -26,8 +26,10 @@ def run_in_process(job: Job, captured: Any) -> Job:
         manifest = execute_shard(shard_spec(job, shard), worker="w1")
         assert isinstance(manifest, ShardManifest)
         shard_record_success(shard, manifest)
-    with captured():
+    with captured() as callbacks:
         job_merge(job_id=str(job.id))
+    if merged is not None:
+        merged.extend(callbacks)
     job.refresh_from_db()
     return job
 

@@ -1,12 +1,12 @@
-"""A re-run's comparison report: computed from both outputs the first time it is asked for once both jobs
-have ended with an output, written beside the re-run's output (`comparison.json`), and read from there
-after, until a retry round of either job rewrites its output (the report names each job's round).
+"""A re-run's comparison report: computed from both outputs once both jobs have ended with an output,
+written beside the re-run's output (`comparison.json`), and read from there after, until a retry round of
+either job rewrites its output (the report names each job's round).
 
-Computed on first read rather than by a task at the job's ending: nothing is sent, so nothing can be
-lost, and a crash mid-computation leaves no state to resume (the next read computes it again; the file
-is written whole or not at all). Two reads racing compute the same bytes, and the later write replaces
-the earlier. The cost, one pass over both outputs in bounded memory (`portal.jobs.comparison`), is paid
-by the first reader, and only for re-runs someone looks at.
+The merge that ends a re-run sends a task that writes it (`job_comparison_write`, on the planning lane:
+one pass over both outputs in bounded memory, `portal.jobs.comparison`), so the first to ask reads a
+file. A read that finds none (the message was lost, the worker died, the job it re-runs ended later)
+computes it itself: a crash mid-computation leaves no state to resume, the file is written whole or not
+at all, and two writers racing write the same bytes.
 """
 
 from __future__ import annotations
@@ -112,3 +112,13 @@ def _report(job: Job, old: Job, *, now: dt.datetime) -> dict[str, Any]:
         "new": _side(job),
         **figures,
     }
+
+
+def job_comparison_write(*, job_id: str) -> None:
+    """Write the re-run's report now, where it can be made (the comparison task); a job that is no re-run,
+    or one not ready (the job it re-runs has not ended), is left to the first read."""
+    job = Job.objects.select_related("model", "rerun_of__model").get(pk=job_id)
+    try:
+        job_comparison(job=job)
+    except (NotARerun, ComparisonNotReady) as exc:
+        logger.info("job %s: no comparison written now: %s", job_id, exc)

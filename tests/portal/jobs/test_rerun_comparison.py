@@ -16,10 +16,11 @@ import pytest
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import JobRequest, SubmissionError
-from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison
+from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison, job_comparison_write
 from portal.jobs.services.rerun import RerunChanges, job_rerun, rerun_params
 from portal.jobs.services.submit import job_submit
 from portal.jobs.storage_layout import comparison_uri, job_root
+from tasks import send
 from tasks.shared.storage import store_for
 from tests.factories import ModelFactory, TenantFactory
 from tests.support.reruns import edit_distance, run_in_process
@@ -61,8 +62,19 @@ def rerun_and_compare(job: Job, changes: RerunChanges, captured: Any) -> tuple[J
     assert new.rerun_of == old
     with pytest.raises(ComparisonNotReady):
         job_comparison(job=new)
-    new = run_in_process(new, captured)
+    merged: list[Any] = []
+    new = run_in_process(new, captured, merged=merged)
     assert new.status == JobStatus.SUCCEEDED, new.error
+    # The merge that ended the re-run sends the comparison task; what that task runs writes the report.
+    sent: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(send, "send_comparison", sent.append)
+        for callback in merged:
+            callback()
+    assert sent == [str(new.id)]
+    job_comparison_write(job_id=sent[0])
+    uri = comparison_uri(job_root(new))
+    assert store_for(uri).exists(uri), "written by the task, before anyone asked"
     report = job_comparison(job=new)
     return old, new, report
 
