@@ -190,3 +190,30 @@ def test_a_job_pinned_to_weights_the_fleet_no_longer_has_is_refused_and_a_slot_h
     again = planned(model, input_path, django_capture_on_commit_callbacks, model_digest=digest)
     run_shards(again)
     assert merged(again, django_capture_on_commit_callbacks).provenance["model"]["pinned_digest"] == digest
+
+
+def test_the_same_sampled_job_with_a_seed_writes_the_same_bytes_with_other_shard_and_micro_batch_sizes(
+    model: Model, input_path: Path, django_capture_on_commit_callbacks: Any
+) -> None:
+    outputs = []
+    for shard_size, micro_batch_size in ((4, 3), (5, 16)):
+        job = job_submit(
+            tenant=TenantFactory(),
+            request=JobRequest(
+                model_name=model.name,
+                input_uri=str(input_path),
+                shard_size=shard_size,
+                params={**PARAMS, "temperature": 1.0, "max_tokens": 6, "micro_batch_size": micro_batch_size},
+            ),
+        )
+        with django_capture_on_commit_callbacks():
+            job_plan(job_id=str(job.id))
+        job.refresh_from_db()
+        run_shards(job)
+        job = merged(job, django_capture_on_commit_callbacks)
+        assert job.status == JobStatus.SUCCEEDED, job.error
+        outputs.append(store_for(job.output_uri).read_bytes(job.output_uri))
+
+    assert outputs[0] == outputs[1]
+    texts = [orjson.loads(line)["response"]["text"] for line in outputs[0].splitlines()]
+    assert len(set(texts)) > RECORDS // 2, "sampled: the records' draws differ"
