@@ -39,6 +39,8 @@ def _configure() -> None:
     var_dir = Path(tempfile.mkdtemp(prefix="var-", dir=ARTIFACTS))
     os.environ["BATCHERY_VAR_DIR"] = str(var_dir)
     os.environ.setdefault("BATCHERY_STORAGE_URL", (var_dir / "storage").as_uri())
+    # The host's weights cache (and the digests of models' files kept beside it) under the run's own folder.
+    os.environ.setdefault("BATCHERY_MODEL_CACHE_DIR", str(var_dir / "model-cache"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not os.environ.get("DATABASE_URL") and _port_open(5432):

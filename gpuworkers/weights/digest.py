@@ -4,20 +4,24 @@
 as the SHA-256 of its sorted ``relative path NUL file digest`` lines, so that one changed, added or removed
 file changes it; the tokenizer's digest is the same over the tokenizer's files alone. A ``python`` engine's
 model is its code: the digest of the module its entry point names. Dot files (locks, the weights cache's
-own markers) are not the model's. A file's digest is kept per process by path, size and modification time,
-so a model loaded again from unchanged files is not read twice for it.
+own markers) are not the model's. A file's digest is kept by path, size and modification time, per
+process and for the host (`digests/` beside the weights cache's entries, one small file a digest, written
+whole by rename), so the slots of a host hash a model's files once, not once each: a file rewritten to
+the same size within the same nanosecond would go unseen.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.settings import model_cache_dir
 from gpuworkers.sources import resolve_model_source
 from gpuworkers.spec import ModelSpec
 
@@ -95,15 +99,38 @@ def _combined(files: dict[str, str]) -> str:
 
 def _file_digest(path: Path) -> str:
     stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _known_lock:
         known = _known.get(key)
-    if known is not None:
-        return known
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(BLOCK_BYTES):
-            digest.update(block)
-    with _known_lock:
-        _known[key] = digest.hexdigest()
-    return digest.hexdigest()
+    if known is None:
+        memo = model_cache_dir() / "digests" / hashlib.sha256(repr(key).encode()).hexdigest()
+        known = _read_memo(memo)
+        if known is None:
+            digest = hashlib.sha256()
+            with path.open("rb") as stream:
+                while block := stream.read(BLOCK_BYTES):
+                    digest.update(block)
+            known = digest.hexdigest()
+            _write_memo(memo, known)
+        with _known_lock:
+            _known[key] = known
+    return known
+
+
+def _read_memo(memo: Path) -> str | None:
+    try:
+        text = memo.read_text().strip()
+    except OSError:
+        return None
+    return text if len(text) == 64 and all(char in "0123456789abcdef" for char in text) else None
+
+
+def _write_memo(memo: Path, digest: str) -> None:
+    """Keep a file's digest for the host's other slots; where the cache is not writable, each hashes its own."""
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        staging = memo.with_name(f"{memo.name}.{os.getpid()}.{threading.get_ident()}")
+        staging.write_text(digest)
+        os.replace(staging, memo)
+    except OSError:
+        return

@@ -86,3 +86,22 @@ def test_the_cache_reads_the_digest_at_load_and_a_shard_manifest_names_it_with_t
     assert model["tokenizer_digest"] == lookup.files.tokenizer_digest
     assert {"python", "batchery", "torch", "transformers"} <= set(manifest.provenance["versions"])
     assert manifest.provenance["device"] == "cpu"
+
+
+def test_a_hosts_slots_hash_a_file_once_sharing_its_digest_beside_the_weights_cache(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuworkers.weights import digest as digests
+
+    monkeypatch.setenv("BATCHERY_MODEL_CACHE_DIR", str(tmp_path / "cache"))
+    copy = Path(shutil.copytree(tiny, tmp_path / "copy"))
+    first = model_digest(_spec(copy))
+    assert first is not None
+    memos = list((tmp_path / "cache" / "digests").iterdir())
+    assert len(memos) == len(first.files)
+
+    # Another slot's process (nothing known in memory) reads the host's digests instead of the files.
+    monkeypatch.setattr(digests, "_known", {})
+    for memo in memos:
+        memo.write_text("f" * 64)
+    assert set(model_digest(_spec(copy)).files.values()) == {"f" * 64}  # type: ignore[union-attr]
