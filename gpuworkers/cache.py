@@ -117,8 +117,8 @@ class ModelCache:
                 try:
                     engine = self._engine_factory(spec)
                     engine.load(device=device)
-                    # Read where the engine read its weights, holding the same weights cache entry.
-                    files = model_digest(spec)
+                    # Read where the engine read its weights (an s3:// source's cache entry, held).
+                    files = model_digest(spec, resolved=weights.resolved)
                 except BaseException:
                     weights.release()
                     metrics.MODEL_LOAD_FAILURES.labels(*metrics.model_labels(spec.name)).inc()

@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,22 @@ class ModelDigest:
         return asdict(self)
 
 
-def model_digest(spec: ModelSpec) -> ModelDigest | None:
-    """The digest of the files ``spec`` loads from (resolved as its engine resolved them); None where its
-    source names no files this process can read (an engine built by a test from nothing)."""
+def model_digest(spec: ModelSpec, *, resolved: Mapping[str, Path] | None = None) -> ModelDigest | None:
+    """The digest of the files ``spec`` loads from; None where its source names no files this process can
+    read (an engine built by a test from nothing). An ``s3://`` source is digested in the cache directory
+    its load resolved it to (``resolved``, the load's `LoadScope.resolved`), never resolved again: that
+    would list the bucket and count a cache hit once more."""
     if spec.engine == "python":
         return _module_digest(spec.source)
-    try:
-        directory = resolve_model_source(spec.source)
-    except EngineLoadError:
-        return None
+    if spec.source.startswith("s3://"):
+        directory = (resolved or {}).get(spec.source)
+        if directory is None:
+            return None
+    else:
+        try:
+            directory = resolve_model_source(spec.source)
+        except EngineLoadError:
+            return None
     files = {
         path.relative_to(directory).as_posix(): _file_digest(path)
         for path in sorted(directory.rglob("*"))

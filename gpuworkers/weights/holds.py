@@ -62,6 +62,9 @@ class LoadScope:
     model: str
     """Catalog name of the model being loaded, for the metrics' ``model`` label."""
     holds: list[EntryHold] = field(default_factory=list)
+    resolved: dict[str, Path] = field(default_factory=dict)
+    """Each ``s3://`` source resolved during the load -> the cache directory it was resolved to: what the
+    model's files are digested from (`gpuworkers.weights.digest`) without listing the bucket again."""
 
     def release(self) -> None:
         while self.holds:
@@ -83,10 +86,13 @@ def load_scope(model: str) -> Iterator[LoadScope]:
         _current.reset(token)
 
 
-def keep(hold: EntryHold) -> None:
-    """Give ``hold`` to the load in progress, or to the process when there is none."""
+def keep(hold: EntryHold, *, source: str, path: Path) -> None:
+    """Give ``hold`` (of ``source``'s cache directory, ``path``) to the load in progress, or to the process
+    when there is none."""
     scope = _current.get()
     (scope.holds if scope is not None else _process_lifetime).append(hold)
+    if scope is not None:
+        scope.resolved[source] = path
 
 
 def current_model() -> str:

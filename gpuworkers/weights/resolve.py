@@ -66,7 +66,7 @@ def resolve_s3_source(source: str) -> Path:
     except Exception:
         metrics.WEIGHTS_DOWNLOAD_FAILURES.labels(*labels).inc()
         raise
-    holds.keep(entry.hold)
+    holds.keep(entry.hold, source=source, path=entry.path)
     if entry.downloaded:
         metrics.WEIGHTS_CACHE_MISSES.labels(*labels).inc()
         metrics.WEIGHTS_DOWNLOAD_BYTES.labels(*labels).inc(listing.total_bytes)

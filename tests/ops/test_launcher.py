@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from portal.jobs.models import Job
+from tasks.shared.config import slot_own_queue
 from tasks.shared.fleet import FLEET_INDEX_KEY
 from tests.factories import GpuClassFactory, ModelFactory
 from tests.ops.conftest import Launcher, wait_slots
@@ -61,7 +62,10 @@ def test_slots_of_two_gpus_each_see_only_their_devices_and_consume_only_the_x2_q
     assert {answer["queue"] for answer in answers} == {"gpu.test.x2"}
     queues = app.control.inspect(timeout=2).active_queues() or {}
     slot_queues = {name: {q["name"] for q in qs} for name, qs in queues.items() if name.startswith("slot")}
-    assert slot_queues and all(names == {"gpu.test.x2"} for names in slot_queues.values())
+    # Each slot also consumes its own queue, where the scheduler routes the shards of adapters it holds.
+    assert slot_queues and all(
+        names == {"gpu.test.x2", slot_own_queue("gpu.test.x2", name)} for name, names in slot_queues.items()
+    )
 
 
 def test_a_model_of_two_gpus_per_replica_never_runs_on_a_one_gpu_slot(
