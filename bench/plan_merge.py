@@ -53,7 +53,7 @@ from portal.execution.merge import job_merge
 from portal.execution.plan import job_plan
 from portal.execution.settle import shard_record_success
 from portal.jobs.models import Job, JobEvent, JobStatus, Shard
-from portal.jobs.services.submit import normalize_input_uri
+from portal.jobs.services.request_checks import normalize_input_uri
 from portal.jobs.storage_layout import errors_uri, job_prefix, output_uri
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.config import REPO_DIR, progress_redis_url

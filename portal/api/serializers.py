@@ -15,7 +15,7 @@ from portal.jobs.input_display import tenant_input_uri, tenant_job_error
 from portal.jobs.models import Job
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import job_progress
-from portal.jobs.services.submit import (
+from portal.jobs.services.request_checks import (
     MAX_DEADLINE_SECONDS,
     MAX_PARAMS_BYTES,
     MAX_PARAMS_DEPTH,

@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from portal.catalog.adapter_files import CONFIG_FILE, WEIGHTS_FILE
 from portal.catalog.models import Model
 from portal.jobs.requests import JobRequest
-from portal.jobs.services.submit import OUTPUT_FORMATS
+from portal.jobs.services.request_checks import OUTPUT_FORMATS
 from portal.tenancy.models import Membership
 from portal.webhooks.models import EVENT_TYPES
 from tasks.shared.formats.inputs import FORMATS

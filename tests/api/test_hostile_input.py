@@ -14,7 +14,8 @@ from portal.catalog.models import Model
 from portal.execution.plan import job_plan
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.requests import JobRequest, SubmissionError
-from portal.jobs.services.submit import MAX_PARAMS_BYTES, MAX_PARAMS_DEPTH, MAX_SHARD_SIZE, job_submit
+from portal.jobs.services.request_checks import MAX_PARAMS_BYTES, MAX_PARAMS_DEPTH, MAX_SHARD_SIZE
+from portal.jobs.services.submit import job_submit
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
 

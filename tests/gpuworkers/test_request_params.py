@@ -8,7 +8,7 @@ import pytest
 
 from gpuworkers.engines.request_params import PLATFORM_FIELDS, check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.jobs.services.submit import PLATFORM_PARAMS
+from portal.jobs.services.request_checks import PLATFORM_PARAMS
 
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
 

@@ -23,37 +23,13 @@ from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import input_limits, quota_reserve
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.dry_run import job_dry_run
-from portal.jobs.services.request_checks import (
-    MAX_DEADLINE_SECONDS,
-    MAX_PARAMS_BYTES,
-    MAX_PARAMS_DEPTH,
-    MAX_SHARD_SIZE,
-    OUTPUT_FORMATS,
-    PLATFORM_PARAMS,
-    InputCheck,
-    input_errors,
-    input_rejected,
-    normalize_input_uri,
-    submission_request,
-)
+from portal.jobs.services.request_checks import InputCheck, input_errors, input_rejected, submission_request
 from portal.tenancy.models import Quota, Tenant
 from tasks import send
 from tasks.shared.formats.compression import DecompressionLimitExceeded, DecompressionLimits
 from tasks.shared.formats.inputs import InputOptions, check_input
 from tasks.shared.formats.jsonl import JsonlCheck, RecordProblem
 from tasks.shared.storage import input_open, store_for
-
-__all__ = [
-    "MAX_DEADLINE_SECONDS",
-    "MAX_PARAMS_BYTES",
-    "MAX_PARAMS_DEPTH",
-    "MAX_SHARD_SIZE",
-    "OUTPUT_FORMATS",
-    "PLATFORM_PARAMS",
-    "input_read",
-    "job_submit",
-    "normalize_input_uri",
-]
 
 SUBMIT_CHECK_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 """A compressed input small enough to check at submission is checked there only while it expands to no

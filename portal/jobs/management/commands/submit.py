@@ -12,7 +12,8 @@ from portal.jobs.models import Job
 from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.dry_run import DryRunReport, job_dry_run
-from portal.jobs.services.submit import OUTPUT_FORMATS, job_submit
+from portal.jobs.services.request_checks import OUTPUT_FORMATS
+from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Tenant
 from portal.tenancy.services import tenant_get_or_create
 from tasks.shared.formats.inputs import FORMATS
