@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,4 +35,4 @@ class Command(BaseCommand):
         total = sum((row.cost for row in rows), ZERO)
         currency = rows[0].currency if rows else ""
         # On stderr, so that the CSV on stdout stays clean for a pipe.
-        print(f"{len(rows)} rows, total {total} {currency}".rstrip(), file=sys.stderr)
+        self.stderr.write(f"{len(rows)} rows, total {total} {currency}".rstrip())
