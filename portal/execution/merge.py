@@ -43,7 +43,7 @@ from portal.execution.locks import held_unless_taken
 from portal.execution.merge_order import write_errors_in_input_order, write_in_input_order
 from portal.execution.settle import read_manifest, shard_record_failure, shard_record_success
 from portal.execution.shard_outcomes import ShardOutcome, unfinished_lines, unfinished_shard_lines
-from portal.jobs.models import UNSETTLED, Job, JobStatus, Shard, ShardStatus
+from portal.jobs.models import COMPARABLE_ENDINGS, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root, parquet_output_uri
 from portal.jobs.transitions import job_fail, job_transition
 from tasks import send
@@ -494,6 +494,6 @@ def _merge(job: Job, *, stop: str | None) -> None:
         finished_at=timezone.now(),
     )
     logger.info("job %s %s: %d succeeded, %d failed", job_id, ending, succeeded, failed)
-    if job.rerun_of_id is not None and ending in (JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED):
+    if job.rerun_of_id is not None and ending in COMPARABLE_ENDINGS:
         # Its comparison report is written now, so the first to ask reads a file (`services.comparison`).
         transaction.on_commit(lambda: send.send_comparison(job_id))

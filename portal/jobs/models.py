@@ -34,6 +34,8 @@ SCHEDULABLE = (JobStatus.PLANNING, JobStatus.RUNNING)
 SETTLING = (JobStatus.PLANNING, JobStatus.RUNNING, JobStatus.PAUSED)
 """Statuses whose shards may still be sent or ending: a planning job's first shards run while its
 planner cuts more, and a paused job's running shards finish."""
+COMPARABLE_ENDINGS = frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED})
+"""Endings whose output holds a line for every record: a re-run's comparison is made between two such."""
 # Endings from which `retry` re-runs the failed records.
 RETRYABLE_STATUSES = frozenset({JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED})
 

@@ -173,9 +173,8 @@ def test_a_planner_that_dies_before_creating_the_rows_leaves_none_and_its_replac
     assert_grouped_plan(job)
 
 
-def test_a_planner_that_dies_after_creating_the_rows_leaves_a_plan_its_replacement_keeps(
-    chat_model: Model, tmp_path: Path, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def planned_until_running(tmp_path: Path, captured: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Job]:
+    """A grouped job whose planner created its rows and died before moving the job to running."""
     transition = plan.job_transition
 
     def die_before_running(**kwargs: Any) -> bool:
@@ -189,8 +188,15 @@ def test_a_planner_that_dies_after_creating_the_rows_leaves_a_plan_its_replaceme
         tenant=TenantFactory(name="acme"),
         request=JobRequest(model_name="group-chat", input_uri=str(path), shard_size=40),
     )
-    with django_capture_on_commit_callbacks(), pytest.raises(PlannerDied):
+    with captured(), pytest.raises(PlannerDied):
         job_plan(job_id=str(job.id))
+    return path, job
+
+
+def test_a_planner_that_dies_after_creating_the_rows_leaves_a_plan_its_replacement_keeps(
+    chat_model: Model, tmp_path: Path, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, job = planned_until_running(tmp_path, django_capture_on_commit_callbacks, monkeypatch)
     job.refresh_from_db()
     assert job.status == JobStatus.PLANNING
     rows = list(job.shards.order_by("index").values_list("index", "input_uri", "first_record", "record_count"))
@@ -234,21 +240,7 @@ def test_the_positions_file_holds_little_endian_64_bit_positions(
 def test_a_replanned_grouped_job_whose_input_changed_fails_instead_of_mixing_plans(
     chat_model: Model, tmp_path: Path, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    transition = plan.job_transition
-
-    def die_before_running(**kwargs: Any) -> bool:
-        if kwargs["target"] == JobStatus.RUNNING:
-            raise PlannerDied
-        return transition(**kwargs)
-
-    monkeypatch.setattr(plan, "job_transition", die_before_running)
-    path = chat_lines(tmp_path / "chat.jsonl")
-    job = job_submit(
-        tenant=TenantFactory(name="acme"),
-        request=JobRequest(model_name="group-chat", input_uri=str(path), shard_size=40),
-    )
-    with django_capture_on_commit_callbacks(), pytest.raises(PlannerDied):
-        job_plan(job_id=str(job.id))
+    path, job = planned_until_running(tmp_path, django_capture_on_commit_callbacks, monkeypatch)
     monkeypatch.undo()
     shards = job.shards.count()
     with path.open("a") as handle:

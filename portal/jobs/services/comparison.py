@@ -21,14 +21,11 @@ from django.utils import timezone
 
 from portal.jobs.comparison.pairs import OutputsDiffer
 from portal.jobs.comparison.report import ComparisonLimits, compare_outputs
-from portal.jobs.models import Job, JobStatus
+from portal.jobs.models import COMPARABLE_ENDINGS, Job
 from portal.jobs.storage_layout import comparison_uri, job_root
 from tasks.shared.storage import StorageError, store_for
 
 logger = logging.getLogger(__name__)
-
-COMPARABLE = frozenset({JobStatus.SUCCEEDED, JobStatus.PARTIALLY_SUCCEEDED})
-"""Endings whose output holds a line for every record."""
 
 
 class NotARerun(Exception):
@@ -48,7 +45,7 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
     if old is None:
         raise NotARerun(f"job {job.id} is not a re-run of another job")
     for which, subject in (("re-run", job), ("job it re-runs", old)):
-        if subject.status not in COMPARABLE:
+        if subject.status not in COMPARABLE_ENDINGS:
             raise ComparisonNotReady(
                 f"the {which} (job {subject.id}) is {subject.status}: the comparison is made once both jobs "
                 "have succeeded or partially succeeded"

@@ -11,6 +11,7 @@ from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.spec import AdapterSpec, ModelSpec
 from tasks.shared.specs import ShardSpec
 from tasks.slot.record_adapters import BASE_MODEL, AdapterTally, record_items
+from tests.support.specs import message_spec
 
 BASE = ModelSpec(name="base", version="1", engine="transformers", task="generate", source="/m")
 ALPHA = AdapterSpec(name="alpha", version="2", source="/a", rank=4)
@@ -18,16 +19,7 @@ STOLEN = {"name": "secret", "version": "1", "source": "/other-tenant", "rank": 4
 
 
 def _spec(**fields: Any) -> ShardSpec:
-    return ShardSpec(
-        job_id="j",
-        shard_index=0,
-        record_count=1,
-        input_uri="",
-        shard_prefix="",
-        model=BASE,
-        input_field="prompt",
-        **fields,
-    )
+    return message_spec(BASE, **fields)
 
 
 def test_records_run_with_the_adapter_they_name_the_jobs_own_or_none_and_never_one_their_params_give() -> None:

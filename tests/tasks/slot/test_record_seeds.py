@@ -16,6 +16,7 @@ from gpuworkers.spec import ModelSpec
 from tasks.shared.specs import ShardManifest, ShardSpec
 from tasks.slot.record_seeds import seeded_items
 from tasks.slot.shard_execution import execute_shard
+from tests.support.specs import message_spec
 from tests.support.tiny_models import build_tiny_causal_lm
 
 RECORDS = [{"custom_id": f"r{n}", "prompt": "Tell me a story" if n % 3 else f"Prompt {n}"} for n in range(30)]
@@ -23,17 +24,7 @@ RECORDS = [{"custom_id": f"r{n}", "prompt": "Tell me a story" if n % 3 else f"Pr
 
 
 def _spec(engine: str = "transformers", task: str = "generate", **params: Any) -> ShardSpec:
-    model = ModelSpec(name="m", version="1", engine=engine, task=task, source="/m")
-    return ShardSpec(
-        job_id="j",
-        shard_index=0,
-        record_count=1,
-        input_uri="",
-        shard_prefix="",
-        model=model,
-        input_field="prompt",
-        params=params,
-    )
+    return message_spec(ModelSpec(name="m", version="1", engine=engine, task=task, source="/m"), params=params)
 
 
 def test_records_that_sample_get_a_seed_of_their_own_from_the_jobs_and_their_custom_id() -> None:
