@@ -32,6 +32,13 @@ class ShardPlanSerializer(serializers.Serializer):
     max_seconds = serializers.FloatField()
 
 
+class PrefixGroupsSerializer(serializers.Serializer):
+    groups = serializers.IntegerField(
+        help_text="Groups of records whose prompts begin alike, each planned in shards of its own."
+    )
+    records = serializers.IntegerField(help_text="Records read that fall in a group.")
+
+
 class QuotaLineSerializer(serializers.Serializer):
     quota = serializers.CharField(help_text="The limit's name.")
     limit = serializers.IntegerField()
@@ -101,7 +108,12 @@ class DryRunReportSerializer(serializers.Serializer):
         allow_null=True, help_text="Tokens of the whole input; estimated if sampled."
     )
     over_length = OverLengthSerializer(allow_null=True)
-    shards = ShardPlanSerializer()
+    prefix_groups = PrefixGroupsSerializer(
+        allow_null=True,
+        help_text="How the planner would keep records sharing a long prompt beginning together (their prefix's KV "
+        "cache is then computed in few shards); null: planned ungrouped.",
+    )
+    shards = ShardPlanSerializer(help_text="For a grouped job, the shards of each group and of the other records.")
     estimated_seconds = serializers.FloatField(help_text="Compute seconds of all shards on one replica.")
     estimated_gpu_seconds = serializers.FloatField(help_text="Times the model's GPUs per replica.")
     observed = serializers.BooleanField(help_text="True: learned from the model's finished shards; false: a default.")

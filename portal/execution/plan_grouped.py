@@ -24,7 +24,7 @@ import orjson
 from django.db import transaction
 
 from portal.execution.prefix_groups import PrefixGrouping
-from portal.execution.shard_cut import PlannedShard, ShardCut, ShardCutter
+from portal.execution.shard_cut import CutShard, PlannedShard, ShardCut, ShardCutter, record_chars
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.storage_layout import grouped_shard_input_uri, job_root, shard_positions_uri
 from tasks.shared.formats.records import Record
@@ -37,11 +37,53 @@ class _Aborted(Exception):
     """Thrown into the open shard writers so that they discard what they hold."""
 
 
+class GroupedCutter:
+    """Where a grouped job's shards start and end, writing nothing: the records of each group, and the
+    ungrouped ones, are cut into shards of their own, each stream by its own `ShardCutter` (by cost or
+    `shard_size`, without the slow start or the guided shrinking, which follow one stream of
+    consecutive shards); shards are numbered in the order they open. `GroupedShardWriter` and the dry
+    run (`portal.jobs.services.dry_run`) cut the same shards through it."""
+
+    def __init__(self, cut: ShardCut, *, input_field: str) -> None:
+        self._cut = replace(cut, first_seconds=None, guided_spread=0)
+        self._input_field = input_field
+        self._cutters: dict[int | None, ShardCutter] = {}
+        self._open: dict[int | None, int] = {}
+        """Each stream's open shard: its index."""
+        self._next_index = 0
+        self.ended: list[tuple[int, CutShard]] = []
+        """(index, shard) of the shards ended so far, in the order they ended."""
+
+    def add(self, group: int | None, chars: int) -> int | None:
+        """Count in the job's next record, of `group` (None: ungrouped), its input `chars` characters long
+        (`record_chars`); the index of the shard it opens, or None where it joins its stream's open one.
+        A stream's shard that ends is in `ended` when its next shard opens."""
+        cutter = self._cutters.get(group)
+        if cutter is None:
+            cutter = self._cutters[group] = ShardCutter(self._cut, input_field=self._input_field)
+        if not cutter.add_chars(chars):
+            return None
+        self._end(group, cutter)
+        index = self._open[group] = self._next_index
+        self._next_index += 1
+        return index
+
+    def _end(self, group: int | None, cutter: ShardCutter) -> None:
+        if group in self._open:
+            self.ended.append((self._open.pop(group), cutter.ended[-1]))
+
+    def close(self) -> list[CutShard]:
+        """End every open shard; every shard, by index."""
+        for group, cutter in self._cutters.items():
+            cutter.close()
+            self._end(group, cutter)
+        return [shard for _, shard in sorted(self.ended, key=lambda ended: ended[0])]
+
+
 @dataclass
 class _Stream:
-    """The shards of one group (or of the ungrouped records), one open at a time."""
+    """The open shard of one group (or of the ungrouped records)."""
 
-    cutter: ShardCutter
     index: int = -1
     input_uri: str = ""
     stack: ExitStack = field(default_factory=ExitStack)
@@ -50,11 +92,9 @@ class _Stream:
 
 
 class GroupedShardWriter:
-    """Writes the records of a grouped job, given in input order, into shards: those of a group into
-    shards of their own, the others into shards of the ungrouped records; each stream is cut where its
-    own `ShardCutter` ends a shard (by cost or `shard_size`, without the slow start or the guided
-    shrinking, which follow one stream of consecutive shards). Shards are numbered in the order they
-    are opened; `on_shard` is called with each once its input and positions are written whole.
+    """Writes the records of a grouped job, given in input order, into the shards `GroupedCutter` cuts:
+    those of a group into shards of their own, the others into shards of the ungrouped records.
+    `on_shard` is called with each shard once its input and positions are written whole.
 
     Memory is bounded by the groups, not the input: at most one open shard a group and one for the
     ungrouped records (BATCHERY_PREFIX_MAX_GROUPS + 1), each with its store writer's buffer (on S3 up
@@ -72,13 +112,12 @@ class GroupedShardWriter:
     ) -> None:
         self._root = root
         self._plan_id = uuid.uuid4().hex[:12]
-        self._cut = replace(cut, first_seconds=None, guided_spread=0)
+        self._cutter = GroupedCutter(cut, input_field=input_field)
         self._input_field = input_field
         self._grouping = grouping
         self._on_shard = on_shard
         self._streams: dict[int | None, _Stream] = {}
         self._position = 0
-        self._next_index = 0
         self.shards: list[PlannedShard] = []
 
     def add(self, record: Record) -> None:
@@ -86,30 +125,28 @@ class GroupedShardWriter:
         group = self._grouping.group_of(record)
         stream = self._streams.get(group)
         if stream is None:
-            stream = self._streams[group] = _Stream(ShardCutter(self._cut, input_field=self._input_field))
-        if stream.cutter.add(record):
-            self._finish(stream)
-            self._open(stream)
+            stream = self._streams[group] = _Stream()
+        opened = self._cutter.add(group, record_chars(record, self._input_field))
+        if opened is not None:
+            if stream.handle is not None:
+                self._finish(stream, self._cutter.ended[-1][1])
+            self._open(stream, opened)
         assert stream.handle is not None
         stream.handle.write(orjson.dumps(record.data, option=orjson.OPT_APPEND_NEWLINE))
         stream.positions.append(self._position)
         self._position += 1
 
-    def _open(self, stream: _Stream) -> None:
-        stream.index = self._next_index
-        self._next_index += 1
-        stream.input_uri = grouped_shard_input_uri(self._root, self._plan_id, stream.index)
+    def _open(self, stream: _Stream, index: int) -> None:
+        stream.index = index
+        stream.input_uri = grouped_shard_input_uri(self._root, self._plan_id, index)
         stream.handle = stream.stack.enter_context(store_for(stream.input_uri).open_write(stream.input_uri))
         stream.positions = array("Q")
 
-    def _finish(self, stream: _Stream) -> None:
-        """Close the stream's open shard, once its cutter has ended it, and write its positions."""
-        if stream.handle is None:
-            return
+    def _finish(self, stream: _Stream, cut: CutShard) -> None:
+        """Close the stream's open shard, which `cut` ended, and write its positions."""
         stream.stack.close()
         stream.stack = ExitStack()
         stream.handle = None
-        cut = stream.cutter.ended[-1]
         assert cut.record_count == len(stream.positions)
         positions = stream.positions
         if sys.byteorder != "little":
@@ -132,9 +169,10 @@ class GroupedShardWriter:
 
     def close(self) -> list[PlannedShard]:
         """End every open shard; the shards written, by index."""
+        cuts = self._cutter.close()
         for stream in self._streams.values():
-            stream.cutter.close()
-            self._finish(stream)
+            if stream.handle is not None:
+                self._finish(stream, cuts[stream.index])
         return sorted(self.shards, key=lambda shard: shard.index)
 
     def abort(self) -> None:

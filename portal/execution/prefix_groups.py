@@ -133,20 +133,27 @@ class PrefixGrouping:
 
 
 def prefix_grouping(key: PrefixKey, records: Iterable[Record]) -> PrefixGrouping | None:
-    """Count the keys of `records` (the job's input, in order) and choose its groups: keys shared by at
-    least BATCHERY_PREFIX_GROUP_MIN_RECORDS records, the largest BATCHERY_PREFIX_MAX_GROUPS of them.
-    None where grouping would change nothing: no group, or one group holding every record. Stops
-    reading after PROBE_RECORDS records while no key has reached a group's size."""
+    """Count the keys of `records` (the job's input, in order) and choose its groups (`frequent_keys`)."""
+    groups = frequent_keys(key(record) for record in records)
+    return PrefixGrouping(groups=groups, key=key) if groups else None
+
+
+def frequent_keys(keys: Iterable[int]) -> dict[int, int]:
+    """The groups of a job whose records' prefix keys are `keys`, in input order: the keys shared by at
+    least BATCHERY_PREFIX_GROUP_MIN_RECORDS records, the largest BATCHERY_PREFIX_MAX_GROUPS of them,
+    each with its group number (0 for the largest). Empty where grouping would change nothing: no
+    group, or one group holding every record. Stops reading after PROBE_RECORDS keys while none has
+    reached a group's size."""
     least = settings.BATCHERY_PREFIX_GROUP_MIN_RECORDS
     counter = PrefixCounter()
-    for record in records:
-        counter.add(key(record))
+    for key in keys:
+        counter.add(key)
         if counter.records == PROBE_RECORDS and counter.largest() < least:
-            return None
+            return {}
     frequent = sorted(
         ((count, held) for held, count in counter.counts.items() if count >= least),
         key=lambda item: (-item[0], item[1]),
     )[: settings.BATCHERY_PREFIX_MAX_GROUPS]
     if not frequent or (len(frequent) == 1 and frequent[0][0] == counter.records):
-        return None
-    return PrefixGrouping(groups={held: number for number, (_, held) in enumerate(frequent)}, key=key)
+        return {}
+    return {held: number for number, (_, held) in enumerate(frequent)}

@@ -139,6 +139,13 @@ def input_chars(value: Any) -> int:
     return chars
 
 
+def record_chars(record: Record, input_field: str) -> int:
+    """`input_chars` of the record's input."""
+    value = record.data.get(input_field)
+    # A text, the common case, without the walk's call and stack.
+    return len(value) if isinstance(value, str) else input_chars(value)
+
+
 @dataclass(frozen=True)
 class CutShard:
     """A shard where the cut ends it, before anything is written."""
@@ -215,9 +222,10 @@ class ShardCutter:
 
     def add(self, record: Record) -> bool:
         """Count `record` in; True when it starts a new shard (the one before it has then ended)."""
-        value = record.data.get(self._input_field)
-        # A text, the common case, without the walk's call and stack.
-        chars = len(value) if isinstance(value, str) else input_chars(value)
+        return self.add_chars(record_chars(record, self._input_field))
+
+    def add_chars(self, chars: int) -> bool:
+        """`add` for a record whose input is `chars` characters (`record_chars`)."""
         seconds = self._cut.cost.seconds(1, chars)
         starts = self._count == 0 or self._cut.ends_before(self._count, self._seconds, seconds, self._limit)
         if starts:

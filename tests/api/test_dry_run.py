@@ -35,6 +35,7 @@ REPORT_FIELDS = {
     "input_tokens",
     "estimated_input_tokens",
     "over_length",
+    "prefix_groups",
     "shards",
     "estimated_seconds",
     "estimated_gpu_seconds",

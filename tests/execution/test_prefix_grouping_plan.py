@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 from array import array
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from portal.catalog.models import Model
 from portal.execution import plan, plan_grouped
 from portal.execution.merge_order import shard_positions
 from portal.execution.plan import job_plan
+from portal.jobs.management.commands.submit import report_lines
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import JobRequest
+from portal.jobs.services.dry_run import PrefixGroups, job_dry_run
 from portal.jobs.services.submit import job_submit
 from tasks.shared.storage import store_for
 from tests.factories import ModelFactory, TenantFactory
@@ -125,6 +128,29 @@ def test_with_grouping_off_or_prefix_reuse_off_every_shard_holds_every_prompt(
         contents = shard_contents(job)
         assert [numbers for numbers, _, _ in contents] == [list(range(n, n + 100)) for n in range(0, LINES, 100)]
         assert all(len(systems) == VARIANTS for _, systems, _ in contents)
+
+
+def test_the_dry_run_names_the_groups_and_cuts_the_shards_the_planner_cuts(
+    chat_model: Model, tmp_path: Path, django_capture_on_commit_callbacks: Any
+) -> None:
+    path = chat_lines(tmp_path / "chat.jsonl")
+    request = JobRequest(model_name="group-chat", input_uri=str(path), shard_size=30)
+    report = job_dry_run(tenant=TenantFactory(name="acme"), request=request)
+    job = planned(path, django_capture_on_commit_callbacks, shard_size=30)
+
+    assert_grouped_plan(job)
+    assert report.prefix_groups == PrefixGroups(groups=VARIANTS, records=LINES)
+    assert "grouped    2,000 records in 20 groups whose prompts begin alike" in "\n".join(report_lines(report))
+    assert report.shards.count == job.shard_count == VARIANTS * 4, "each prompt's 100 records in 30, 30, 30 and 10"
+    shards = job.shards.order_by("index")
+    assert [shard.records for shard in report.shards.listed] == [shard.record_count for shard in shards]
+    assert [shard.seconds for shard in report.shards.listed] == pytest.approx(
+        [shard.estimated_seconds for shard in shards]
+    )
+
+    ungrouped = job_dry_run(tenant=job.tenant, request=replace(request, params={"prefix_reuse": False}))
+    assert ungrouped.prefix_groups is None
+    assert ungrouped.shards.count == 67, "2,000 records in shards of 30, in input order"
 
 
 def test_prompts_that_share_no_beginning_are_planned_as_before(

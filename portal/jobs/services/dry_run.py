@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import statistics
 import uuid
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 
 from django.conf import settings
 from django.db.models import F, FloatField, Sum
@@ -35,7 +36,9 @@ from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_records
-from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter
+from portal.execution.plan_grouped import GroupedCutter
+from portal.execution.prefix_groups import frequent_keys, prefix_key_for
+from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter, record_chars
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.budget import BudgetLine, budget_line
 from portal.jobs.cost_estimate import CostEstimate, cost_estimate
@@ -50,9 +53,6 @@ from tasks.shared.formats.compression import DecompressionLimits
 from tasks.shared.formats.jsonl import JsonlCheck
 from tasks.shared.formats.records import LineProblem, Record
 from tasks.shared.storage import store_for
-
-if TYPE_CHECKING:
-    pass
 
 MAX_LISTED_SHARDS = 100
 """Up to this many shards the report lists each; past it, only their count and spread."""
@@ -110,6 +110,16 @@ class OverLength:
 
 
 @dataclass(frozen=True)
+class PrefixGroups:
+    """How the planner would keep together the records whose prompts begin alike
+    (`portal.execution.prefix_groups`): each group's records in shards of their own."""
+
+    groups: int
+    records: int
+    """Records read that fall in a group; the others would be planned among the ungrouped ones."""
+
+
+@dataclass(frozen=True)
 class DryRunSample:
     """How much of the input a sampled dry run read, and how it extrapolated to the whole input."""
 
@@ -157,8 +167,13 @@ class DryRunReport:
     """Tokens of the whole input: `input_tokens` unless `sampled`, else extrapolated."""
     over_length: OverLength | None
     """None where tokens are not counted or the model's maximum is not known."""
+    prefix_groups: PrefixGroups | None
+    """None: the job would be planned ungrouped (no prompt beginning shared widely enough, a task that
+    does not generate, or prefix reuse turned off). Sampled: the groups of the records read."""
     shards: ShardPlan
-    """Sampled: `count` is extrapolated, the spread is that of the prefix's shards, none is listed."""
+    """Sampled: `count` is extrapolated, the spread is that of the prefix's shards, none is listed.
+    Grouped (`prefix_groups`): the shards of each group and of the ungrouped records, in the order the
+    planner opens them."""
     estimated_seconds: float
     """Compute seconds of every shard on one replica."""
     estimated_gpu_seconds: float
@@ -221,7 +236,7 @@ def job_dry_run(
     checked = InputCheck(size=size, records=counted)
     draft = accepted.job(checked, job_id=str(uuid.uuid4()))  # never saved
     cut = ShardCut.for_job(draft)
-    check, cuts, tokens, read = _read(
+    check, cuts, groups, tokens, read = _read(
         draft,
         cut=cut,
         input_field=accepted.input_field,
@@ -272,6 +287,7 @@ def job_dry_run(
         input_tokens=input_tokens,
         estimated_input_tokens=estimated_tokens,
         over_length=tokens.over_length() if tokens is not None else None,
+        prefix_groups=groups,
         shards=shards,
         estimated_seconds=seconds,
         estimated_gpu_seconds=gpu_seconds,
@@ -373,9 +389,9 @@ def _read(
     budget: SampleBudget,
     limits: DecompressionLimits,
     adapters: JobAdapters,
-) -> tuple[JsonlCheck, list[CutShard], _TokenTally | None, int]:
+) -> tuple[JsonlCheck, list[CutShard], PrefixGroups | None, _TokenTally | None, int]:
     """One pass over the input as the planner makes it, as far as the budget goes: the check, the
-    shard cuts, the token counts, and the input's bytes read."""
+    shard cuts, the prefix groups, the token counts, and the input's bytes read."""
     check = JsonlCheck()
     budget.stopped_by = None  # a count cut short before: this pass alone says whether the input was read whole
     records, position = _records(
@@ -383,12 +399,19 @@ def _read(
     )
     cutter = ShardCutter(cut, input_field=input_field, bytes_read=position)
     tokens = _TokenTally(counter) if counter is not None else None
+    prefix_key = prefix_key_for(job)
+    # Each record's prefix key and size, to cut it again once the groups are known: BATCHERY_DRY_RUN_MAX_RECORDS
+    # pairs of numbers at most.
+    keys, sizes = array("Q"), array("Q")
     with input_errors(), closing(cast(IO[Any], records)):
         try:
             for record in records:
                 # The record past the limit is not counted in: the sample holds max_records.
                 budget.spend(records=check.records)
                 cutter.add(record)
+                if prefix_key is not None:
+                    keys.append(prefix_key(record))
+                    sizes.append(record_chars(record, input_field))
                 if tokens is not None:
                     tokens.add(record.line, record.data.get(input_field))
         except SampleEnds:
@@ -396,7 +419,17 @@ def _read(
                 check.records = budget.max_records
     if tokens is not None:
         tokens.flush()
-    return check, cutter.close(), tokens, position.read_bytes
+    cuts = cutter.close()
+    groups = frequent_keys(keys) if prefix_key is not None else {}
+    if not groups:
+        return check, cuts, None, tokens, position.read_bytes
+    grouped = GroupedCutter(cut, input_field=input_field)
+    in_groups = 0
+    for key, size in zip(keys, sizes, strict=True):
+        group = groups.get(key)
+        in_groups += group is not None
+        grouped.add(group, size)
+    return check, grouped.close(), PrefixGroups(len(groups), in_groups), tokens, position.read_bytes
 
 
 def _sample(

@@ -157,6 +157,12 @@ def report_lines(report: DryRunReport) -> list[str]:
             f"too long   {over.count:,} records over the model's {over.max_tokens:,} tokens"
             + (f" ({unit}s {shown})" if over.count else "")
         )
+    if (groups := report.prefix_groups) is not None:
+        plural = "s" if groups.groups != 1 else ""
+        lines.append(
+            f"grouped    {groups.records:,} records in {groups.groups} group{plural} whose prompts begin alike, "
+            "each in shards of its own"
+        )
     shards = report.shards
     lines.append(f"shards     {shards.count:,}")
     if shards.listed:
