@@ -13,6 +13,7 @@ sweep, on the control queue:
   costs what went wrong, not how much runs;
 - merges running jobs whose shards are all settled but whose merge never came, and resumes merges
   and cancellations whose worker died;
+- empties the own queues of slots gone, once their routed shards were sent again (`own_queues.py`).
 Everything it sends is idempotent on the receiving side, so a sweep that races a late message is
 harmless. Each job is swept on its own: one whose storage says something impossible fails alone.
 """
@@ -33,6 +34,7 @@ from django.utils import timezone
 from portal.execution.adapter_routes import slot_takes
 from portal.execution.dispatch import job_queue
 from portal.execution.endings import shard_hold_back, shards_requeue
+from portal.execution.own_queues import own_queues_retire
 from portal.execution.scheduler import schedule_all
 from portal.execution.settle import SettleBatch, Settled, SettleLedger
 from portal.jobs.models import SETTLING, Job, JobStatus, Shard, ShardStatus
@@ -61,6 +63,7 @@ class ReconcileReport:
     merged: int = 0
     failed_jobs: int = 0
     finalized: int = 0
+    emptied_own_queues: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -244,6 +247,7 @@ def jobs_reconcile() -> ReconcileReport:
     _replan_stalled(now, pending, report)
     _sweep_running(now, pending, report)
     _resume_stalled_endings(now, report)
+    report.emptied_own_queues = own_queues_retire()
     if any(asdict(report).values()):
         logger.warning("reconcile: %s", report)
     return report

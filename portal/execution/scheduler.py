@@ -40,6 +40,7 @@ from portal.execution.dispatch import (
 )
 from portal.execution.fair_share import TenantQueue, WaitingJob, share_out
 from portal.execution.locks import lock_until_commit, taken_until_commit
+from portal.execution.own_queues import own_queues_note
 from portal.execution.queue_reads import Waiting, long_shard_seconds, queue_waiting, window_reading
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, JobStatus, Shard, ShardStatus
 from portal.jobs.selectors import queue_jobs
@@ -237,7 +238,9 @@ def _tick(queue: str, *, wait: bool) -> int | None:
         usage_charge(charges=charges, gpu_class_id=gpu_class_id, now=now)
     # Rows first, one commit, then the messages: a crash in between leaves shards marked dispatched
     # with no message, which the reconciler sends again; the reverse would run shards the database
-    # does not know were sent.
+    # does not know were sent. Own queues are noted before their messages go, so that none is left unknown.
+    if routed := {shard.slot_queue for _, shards in claimed for shard in shards if shard.slot_queue}:
+        own_queues_note(queue, routed)
     for job, shards in claimed:
         shards_send(job, shards, wave=plan.wave)
     sent = sum(len(shards) for _, shards in claimed)

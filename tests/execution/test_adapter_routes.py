@@ -5,21 +5,25 @@ no longer takes its own queue. Against the real database, Redis broker and heart
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.utils import timezone
 
 from gpuworkers.spec import AdapterSpec
 from portal.execution import capacity
+from portal.execution.own_queues import KEY as OWN_QUEUES_KEY
+from portal.execution.own_queues import own_queues_retire
 from portal.execution.reconcile import STALE_AFTER_S, jobs_reconcile
 from portal.execution.scheduler import schedule_queue
 from portal.jobs.models import Job, ShardStatus
 from tasks.app import app
-from tasks.shared.broker_probe import pending_task_ids
-from tasks.shared.config import gpu_queue, slot_own_queue
+from tasks.shared.broker_probe import pending_task_ids, priority_lists
+from tasks.shared.config import VISIBILITY_TIMEOUT_S, broker_url, gpu_queue, slot_own_queue
 from tasks.shared.fleet import draining_key
 from tasks.shared.redis_client import redis_client
 from tests.execution.test_scheduler import _callbacks_overdue, _running_job
@@ -80,6 +84,7 @@ def fleet(gpu_class: Any) -> Iterator[Fleet]:
     with app.connection_for_write() as connection:
         for slot in range(4):
             connection.SimpleQueue(fleet.own_queue(slot)).clear()
+    redis.Redis.from_url(broker_url()).delete(OWN_QUEUES_KEY)
 
 
 def _adapter_job(model: Any, root: Path, *adapters: AdapterSpec, shards: int) -> Job:
@@ -169,3 +174,44 @@ def test_a_shard_waiting_on_a_dead_slots_own_queue_is_sent_again_to_the_class_qu
     assert set(job.shards.values_list("attempt", flat=True)) == {2}
     assert _routes(job).keys() == {""}, "sent again to the class queue, which other slots take"
     assert fleet.queued() == _routes(job)[""]
+
+
+def test_a_dead_slots_own_queue_is_emptied_once_its_shards_were_sent_again_and_a_live_slots_never(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.beat(0, ALPHA)
+    fleet.beat(1, BETA)
+    model = ModelFactory(name="tuned-base", gpu_class=fleet.gpu_class, is_default=False)
+    alpha_job = _adapter_job(model, tmp_path, ALPHA, shards=2)
+    beta_job = _adapter_job(model, tmp_path, BETA, shards=2)
+    schedule_queue(fleet.queue)
+    assert set(_routes(alpha_job)) == {fleet.own_queue(0)} and set(_routes(beta_job)) == {fleet.own_queue(1)}
+    first_messages = fleet.queued(0)
+    assert len(first_messages) == 2
+    broker = redis.Redis.from_url(broker_url())
+    raw_messages = [(key, raw) for key in priority_lists(fleet.own_queue(0)) for raw in broker.lrange(key, 0, -1)]
+
+    _callbacks_overdue(alpha_job)
+    alpha_job.shards.update(dispatched_at=timezone.now() - dt.timedelta(seconds=STALE_AFTER_S))
+    fleet.stop(0)
+    assert jobs_reconcile().resent_shards == 2
+    assert fleet.queued(0) == first_messages, "the first messages are left on the dead slot's queue"
+
+    now = time.time()
+    assert own_queues_retire(now=now) == 0, "a slot gone a moment ago may be restarting"
+    assert own_queues_retire(now=now + STALE_AFTER_S + 1) == 1
+    assert fleet.queued(0) == set(), "the copies of shards sent again are gone"
+    assert fleet.queued(1) == set(_routes(beta_job)[fleet.own_queue(1)]), "a live slot's queue is kept"
+
+    # A message the dead slot held unacknowledged comes back to its queue once the visibility timeout has passed.
+    broker.rpush(*raw_messages[0])
+    assert own_queues_retire(now=now + VISIBILITY_TIMEOUT_S) == 1
+    assert fleet.queued(0) == set()
+    assert broker.hexists(OWN_QUEUES_KEY, fleet.own_queue(0))
+    own_queues_retire(now=now + 2 * VISIBILITY_TIMEOUT_S + STALE_AFTER_S + 1)
+    assert not broker.hexists(OWN_QUEUES_KEY, fleet.own_queue(0)), "forgotten once nothing can come back"
+
+    # A slot that dies with routed shards not yet sent again keeps them on its queue until the reconciler has.
+    fleet.stop(1)
+    assert own_queues_retire(now=now + 2 * VISIBILITY_TIMEOUT_S + STALE_AFTER_S + 1) == 0
+    assert fleet.queued(1) == set(_routes(beta_job)[fleet.own_queue(1)])
