@@ -11,7 +11,8 @@ The sweep (`jobs_prune`, a beat task of the control queue every `RETENTION_SWEEP
 the due jobs oldest first, a few hundred at a time, through the partial index on unpruned endings;
 deletes their shard rows in statements of at most `ROWS_PER_DELETE` rows, each its own short
 transaction, so that no lock is held for long and the WAL comes in small pieces; then, in one short
-transaction for the lot, writes each job's timeline, deletes its events and sets `pruned_at`. Rows go
+transaction for the lot, writes each job's timeline, deletes its events and its budget hold, and sets
+`pruned_at`. Rows go
 before the mark: a sweep stopped halfway (its time budget, a crash) leaves jobs unmarked, which the next
 sweep takes again, and deleting what is already gone costs nothing.
 """
@@ -29,6 +30,7 @@ from django.db import transaction
 from django.db.models import QuerySet, Subquery
 
 from portal.jobs.models import FINAL_STATUSES, Job, JobEvent, Shard
+from portal.tenancy.models import BudgetHold
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class PruneReport:
     jobs: int = 0
     shards: int = 0
     events: int = 0
+    holds: int = 0
+    """Budget holds (`BudgetHold`), which stop counting once their job ends."""
     deletes: int = 0
     """DELETE statements on the shard table."""
     seconds: float = 0.0
@@ -109,6 +113,7 @@ def _compact_events(job_ids: list[str], *, now: dt.datetime, report: PruneReport
             job.timeline = steps.get(str(job.pk), [])
         Job.objects.bulk_update(jobs, ["pruned_at", "timeline"])
         report.events += JobEvent.objects.filter(job_id__in=job_ids).delete()[0]
+        report.holds += BudgetHold.objects.filter(job_id__in=job_ids).delete()[0]
         report.jobs += len(jobs)
 
 

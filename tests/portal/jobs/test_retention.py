@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from portal.jobs.services.retention import PRUNE_GRACE, jobs_prune
 from portal.jobs.services.retry import CannotRetry, job_retry, job_retryable
 from portal.jobs.usage import usage_record
 from portal.openai_api.models import Batch
-from portal.tenancy.models import Tenant
+from portal.tenancy.models import BudgetHold, Tenant
 from tasks.app import app
 from tasks.shared.config import CONTROL_QUEUE, RETENTION_TASK, TASK_QUEUES, celery_settings
 from tests.api.conftest import make_caller
@@ -81,12 +82,14 @@ def test_a_job_that_ended_past_the_retention_loses_its_shards_and_events_and_kee
 ) -> None:
     now = timezone.now()
     old = ended_job(acme, minilm, ended=now - 31 * DAY, shards=4)
+    BudgetHold.objects.create(tenant=acme, job_id=old.pk, amount=Decimal("1.25"))
     steps = list(JobEvent.objects.filter(job=old).order_by("at", "pk").values_list("status", "at"))
 
     report = jobs_prune(now=now)
 
     assert rows(old) == (0, 0)
-    assert (report.jobs, report.shards, report.events) == (1, 4, 5)
+    assert (report.jobs, report.shards, report.events, report.holds) == (1, 4, 5, 1)
+    assert not BudgetHold.objects.filter(job_id=old.pk).exists(), "an ended job's budget hold counts no more"
     old.refresh_from_db()
     assert old.pruned_at == now
     assert [(status, dt.datetime.fromisoformat(at)) for status, at in old.timeline] == steps
@@ -103,11 +106,14 @@ def test_recent_endings_and_unfinished_jobs_keep_their_rows(acme: Tenant, minilm
     running = ended_job(acme, minilm, ended=None)
     Job.objects.filter(pk=running.pk).update(created_at=now - 90 * DAY)
     old = ended_job(acme, minilm, ended=now - 40 * DAY)
+    for job in (recent, running):
+        BudgetHold.objects.create(tenant=acme, job_id=job.pk, amount=Decimal("1"))
 
     jobs_prune(now=now)
 
     assert rows(recent) == rows(in_grace) == (3, 5)
     assert rows(running) == (3, 3)
+    assert BudgetHold.objects.filter(job_id__in=[recent.pk, running.pk]).count() == 2
     assert rows(old) == (0, 0)
     assert set(Job.objects.filter(pruned_at__isnull=False).values_list("pk", flat=True)) == {old.pk}
 
