@@ -292,6 +292,13 @@ BATCHERY_COMPARISON_NEIGHBOUR_SAMPLE = env_int(
     minimum=1,
     doc="A re-run's comparison of embeddings compares the 10 nearest neighbours of this many sampled records.",
 )
+BATCHERY_COMPARISON_INLINE_RECORDS = env_int(
+    "BATCHERY_COMPARISON_INLINE_RECORDS",
+    5_000,
+    minimum=0,
+    doc="A read (API, portal) that finds no comparison report written computes it only for a re-run of at most "
+    "this many records; past it the comparison task writes it and the read answers 202.",
+)
 BATCHERY_COMPARISON_VECTOR_BYTES = env_int(
     "BATCHERY_COMPARISON_VECTOR_BYTES",
     256 * 1024 * 1024,

@@ -110,7 +110,8 @@ def page(
 
 
 def refused(request: HttpRequest, portal: PortalAccess | None, message: str, *, status: int) -> HttpResponse:
-    """The portal's page for a refusal: 403 (role, no tenant), 404 (not the tenant's), 409 (not now)."""
+    """The portal's page for a refusal: 403 (role, no tenant), 404 (not the tenant's), 409 (not now); or 202
+    for a result still being written (reload later)."""
     return page(request, portal, "web/refused.html", {"status": status, "message": message}, status=status)
 
 

@@ -14,4 +14,4 @@ from tasks.shared.config import COMPARE_TASK
 def compare_rerun(self: Any, job_id: str) -> None:
     from portal.jobs.services.comparison import job_comparison_write
 
-    job_comparison_write(job_id=job_id)
+    job_comparison_write(job_id=job_id, worker=self.request.hostname or "compare")

@@ -1,6 +1,7 @@
 """POST /api/v1/jobs/{id}/rerun/ and GET /api/v1/jobs/{id}/comparison/: a member re-runs a job with changes,
 a refusal names the field, another tenant's job is a 404, and the comparison is a 409 until both jobs have
-ended and a 404 for a job that is no re-run. (The report's figures: tests/portal/jobs/test_rerun_comparison.py.)"""
+ended, a 202 while the comparison task writes a large re-run's, and a 404 for a job that is no re-run.
+(The report's figures: tests/portal/jobs/test_rerun_comparison.py.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any
 import pytest
 
 from portal.catalog.models import Model
-from portal.jobs.models import Job
+from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Membership
+from tasks import send
 from tests.api.conftest import Caller
 
 pytestmark = pytest.mark.django_db
@@ -76,3 +78,22 @@ def test_another_tenants_job_is_a_404_and_a_viewer_may_not_rerun(job: Job, calle
     assert stranger.client.get(f"/api/v1/jobs/{job.pk}/comparison/").status_code == 404
     viewer = caller(job.tenant, role=Membership.Role.VIEWER, username="val")
     assert viewer.client.post(f"/api/v1/jobs/{job.pk}/rerun/", {}, format="json").status_code == 403
+
+
+def test_a_large_reruns_comparison_not_yet_written_is_a_202_that_asks_the_comparison_task(
+    job: Job, caller: Callable[..., Caller], settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    member = caller(job.tenant, username="bob")
+    rerun = Job.objects.get(pk=member.client.post(f"/api/v1/jobs/{job.pk}/rerun/", {}, format="json").json()["id"])
+    Job.objects.filter(pk__in=[job.pk, rerun.pk]).update(status=JobStatus.SUCCEEDED)
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 1
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+
+    answer = member.client.get(f"/api/v1/jobs/{rerun.pk}/comparison/")
+
+    assert answer.status_code == 202, answer.content
+    assert answer["Retry-After"] == "30"
+    assert answer.json()["status"] == "computing"
+    assert "2 records" in answer.json()["detail"]
+    assert sent == [str(rerun.pk)]

@@ -15,6 +15,7 @@ from portal.jobs.models import Job
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.submit import job_submit
 from portal.tenancy.models import Membership, Tenant
+from tasks import send
 from tests.web.rerun_fixtures import rerun_pair
 
 pytestmark = pytest.mark.django_db
@@ -42,6 +43,20 @@ def test_the_comparison_page_shows_the_figures_and_a_bar_a_bin(
     assert (tmp_path / "new" / "comparison.json").exists()
     assert client.get(f"/jobs/{old.pk}/comparison/").status_code == 404, "the old job is no re-run"
     assert 'id="comparison-link"' in client.get(f"/jobs/{new.pk}/").content.decode()
+
+
+def test_a_large_reruns_comparison_page_says_it_is_being_written_while_the_task_writes_it(
+    person: Callable[..., User], acme: Tenant, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, new = rerun_pair(acme, tmp_path)
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 5
+    monkeypatch.setattr(send, "send_comparison", lambda job_id: None)
+
+    page = _client(person("alice", acme)).get(f"/jobs/{new.pk}/comparison/")
+
+    assert page.status_code == 202
+    assert "Being written" in page.content.decode()
+    assert not (tmp_path / "new" / "comparison.json").exists()
 
 
 def test_a_refused_rerun_is_named_on_the_job_page_and_a_viewer_sees_no_form(

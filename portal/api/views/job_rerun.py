@@ -17,7 +17,7 @@ from portal.api.access import request_user
 from portal.api.errors import conflict, submission_refused
 from portal.api.serializers import JobSerializer, ParamsField
 from portal.jobs.requests import SubmissionError
-from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison
+from portal.jobs.services.comparison import ComparisonNotReady, ComparisonPending, NotARerun, job_comparison_read
 from portal.jobs.services.rerun import RerunChanges, job_rerun
 
 
@@ -43,6 +43,15 @@ class RerunSerializer(serializers.Serializer):
         return RerunChanges(
             model_name=data.get("model"), model_version=data.get("model_version"), params=data.get("params")
         )
+
+
+class ComparisonPendingSerializer(serializers.Serializer):
+    status = serializers.CharField(help_text='"computing".')
+    detail = serializers.CharField(help_text="What is being compared.")
+
+
+RETRY_AFTER_S = 30
+"""What a 202 for a comparison being written asks the client to wait."""
 
 
 class JobRerunActions:
@@ -77,6 +86,10 @@ class JobRerunActions:
         request=None,
         responses={
             200: OpenApiResponse(OpenApiTypes.OBJECT, description="The comparison report (docs/api.md)."),
+            202: OpenApiResponse(
+                ComparisonPendingSerializer,
+                description="Being written by the comparison task (a large re-run); ask again after Retry-After.",
+            ),
             404: OpenApiResponse(description="No such job in your tenant, or the job is no re-run."),
             409: OpenApiResponse(description="Not ready: a job has not ended, or has no output to compare."),
         },
@@ -86,7 +99,10 @@ class JobRerunActions:
         """The re-run's comparison with the job it re-runs, made once both have succeeded (or partially
         succeeded) and kept beside its output as `comparison.json`."""
         try:
-            return Response(job_comparison(job=self.get_object()))
+            return Response(job_comparison_read(job=self.get_object()))
+        except ComparisonPending as exc:
+            pending = {"status": "computing", "detail": str(exc)}
+            return Response(pending, status=status.HTTP_202_ACCEPTED, headers={"Retry-After": str(RETRY_AFTER_S)})
         except NotARerun as exc:
             raise NotFound(str(exc)) from None
         except ComparisonNotReady as exc:

@@ -5,8 +5,12 @@ either job rewrites its output (the report names each job's round).
 The merge that ends a re-run sends a task that writes it (`job_comparison_write`, on the planning lane:
 one pass over both outputs in bounded memory, `portal.jobs.comparison`), so the first to ask reads a
 file. A read that finds none (the message was lost, the worker died, the job it re-runs ended later)
-computes it itself: a crash mid-computation leaves no state to resume, the file is written whole or not
-at all, and two writers racing write the same bytes.
+computes it itself where the re-run has at most BATCHERY_COMPARISON_INLINE_RECORDS records
+(`job_comparison_read`); past that, a web request would hold a portal worker for as long as the outputs
+take to compare, so the read asks the task again (unless one holds the job's comparison lease, or was
+asked a moment ago) and answers that the report is being written (`ComparisonPending`). A crash
+mid-computation leaves no state to resume, the file is written whole or not at all, and two writers
+racing write the same bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from typing import Any
 
 import orjson
+import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -23,13 +28,23 @@ from portal.jobs.comparison.pairs import OutputsDiffer
 from portal.jobs.comparison.report import ComparisonLimits, compare_outputs
 from portal.jobs.models import COMPARABLE_ENDINGS, Job
 from portal.jobs.storage_layout import comparison_uri, job_root
+from tasks import send
+from tasks.shared.leases import Lease, LeaseHeld, job_lease_key, lease_holder
+from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import StorageError, store_for
 
 logger = logging.getLogger(__name__)
 
+ASKED_AGAIN_AFTER_S = 60
+"""A read asks the comparison task at most once in this many seconds a job, while no task holds its lease."""
+
 
 class NotARerun(Exception):
     """The job re-runs no job (or the job it re-ran is gone): it has no comparison."""
+
+
+class ComparisonPending(Exception):
+    """The report of a re-run too large to compare within a read is being written by the comparison task."""
 
 
 class ComparisonNotReady(Exception):
@@ -37,10 +52,19 @@ class ComparisonNotReady(Exception):
     cancelled, expired), or an output is unreadable; the message says which."""
 
 
-def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
+def job_comparison_read(*, job: Job) -> dict[str, Any]:
+    """`job_comparison` for a reader (the API, the portal): a report not written yet is computed within the
+    read only for a re-run of at most BATCHERY_COMPARISON_INLINE_RECORDS records; for a larger one the
+    comparison task is asked and `ComparisonPending` raised."""
+    return job_comparison(job=job, inline_records=settings.BATCHERY_COMPARISON_INLINE_RECORDS)
+
+
+def job_comparison(*, job: Job, now: dt.datetime | None = None, inline_records: int | None = None) -> dict[str, Any]:
     """The report of the re-run `job` against the job it re-runs (docs/api.md, "Re-run and compare").
 
-    Raises `NotARerun` for a job that re-runs none, `ComparisonNotReady` while it cannot be made."""
+    Raises `NotARerun` for a job that re-runs none, `ComparisonNotReady` while it cannot be made, and,
+    where the report is not written and the re-run has more than `inline_records` records (None: no
+    bound), `ComparisonPending` once it has asked the comparison task to write it."""
     old = job.rerun_of
     if old is None:
         raise NotARerun(f"job {job.id} is not a re-run of another job")
@@ -57,6 +81,12 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None) -> dict[str, Any
             report: dict[str, Any] = orjson.loads(store.read_bytes(uri))
             if _current(report, job, old):
                 return report
+        if inline_records is not None and (records := job.total_records or 0) > inline_records:
+            _ask_task(job)
+            raise ComparisonPending(
+                f"the comparison of job {job.id}'s {records:,} records with job {old.id}'s is being written; "
+                "ask again in a minute"
+            )
         report = _report(job, old, now=now or timezone.now())
         with store.open_write(uri) as target:
             target.write(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -111,11 +141,27 @@ def _report(job: Job, old: Job, *, now: dt.datetime) -> dict[str, Any]:
     }
 
 
-def job_comparison_write(*, job_id: str) -> None:
-    """Write the re-run's report now, where it can be made (the comparison task); a job that is no re-run,
-    or one not ready (the job it re-runs has not ended), is left to the first read."""
+def _ask_task(job: Job) -> None:
+    """Send the comparison task for the job, unless one holds its lease or a read asked a moment ago."""
+    if lease_holder(job_lease_key("compare", str(job.id))) is not None:
+        return
+    try:
+        asked = redis_client().set(f"batchery:compare-asked:{job.id}", 1, nx=True, ex=ASKED_AGAIN_AFTER_S)
+    except redis.RedisError:
+        asked = True  # a duplicate task only waits on the lease of the first
+    if asked:
+        send.send_comparison(str(job.id))
+
+
+def job_comparison_write(*, job_id: str, worker: str) -> None:
+    """Write the re-run's report now, where it can be made (the comparison task, run by `worker`), under the
+    job's comparison lease: a second task for the job leaves it to the first. A job that is no re-run, or
+    one not ready (the job it re-runs has not ended), is left to the first read."""
     job = Job.objects.select_related("model", "rerun_of__model").get(pk=job_id)
     try:
-        job_comparison(job=job)
+        with Lease(job_lease_key("compare", job_id), worker, exclusive=True):
+            job_comparison(job=job)
+    except LeaseHeld as held:
+        logger.info("job %s: its comparison is being written by %s", job_id, held.holder)
     except (NotARerun, ComparisonNotReady) as exc:
         logger.info("job %s: no comparison written now: %s", job_id, exc)

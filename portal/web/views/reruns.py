@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
-from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison
+from portal.jobs.services.comparison import ComparisonNotReady, ComparisonPending, NotARerun, job_comparison_read
 from portal.jobs.services.rerun import RerunChanges, job_rerun
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view
@@ -71,7 +71,9 @@ def job_rerun_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID
 def job_comparison_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
     job = get_object_or_404(tenant_jobs(portal.tenant), pk=job_id)
     try:
-        report = job_comparison(job=job)
+        report = job_comparison_read(job=job)
+    except ComparisonPending as exc:
+        return refused(request, portal, f"No comparison yet: {exc}.", status=202)
     except NotARerun as exc:
         return refused(request, portal, str(exc), status=404)
     except ComparisonNotReady as exc:

@@ -16,11 +16,20 @@ import pytest
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import JobRequest, SubmissionError
-from portal.jobs.services.comparison import ComparisonNotReady, NotARerun, job_comparison, job_comparison_write
+from portal.jobs.services.comparison import (
+    ComparisonNotReady,
+    ComparisonPending,
+    NotARerun,
+    job_comparison,
+    job_comparison_read,
+    job_comparison_write,
+)
 from portal.jobs.services.rerun import RerunChanges, job_rerun, rerun_params
 from portal.jobs.services.submit import job_submit
 from portal.jobs.storage_layout import comparison_uri, job_root
 from tasks import send
+from tasks.shared.leases import Lease, job_lease_key
+from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import store_for
 from tests.factories import ModelFactory, TenantFactory
 from tests.support.reruns import edit_distance, run_in_process
@@ -72,7 +81,7 @@ def rerun_and_compare(job: Job, changes: RerunChanges, captured: Any) -> tuple[J
         for callback in merged:
             callback()
     assert sent == [str(new.id)]
-    job_comparison_write(job_id=sent[0])
+    job_comparison_write(job_id=sent[0], worker="compare@test")
     uri = comparison_uri(job_root(new))
     assert store_for(uri).exists(uri), "written by the task, before anyone asked"
     report = job_comparison(job=new)
@@ -214,6 +223,45 @@ def test_a_rerun_of_a_classifier_reports_the_confusion_between_old_and_new_label
     assert figures["labels"] == seen
     assert figures["confusion"] == {o: {n: pairs[(o, n)] for n in seen} for o in seen}
     assert figures["agreement_rate"] == sum(count for (o, n), count in pairs.items() if o == n) / 30
+
+
+def test_a_large_reruns_comparison_is_written_by_the_task_which_a_read_asks_once_not_within_the_read(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = build_tiny_classifier(roots / "clf", ["calm", "angry"])
+    for name, source in (("clf", tiny), ("clf-b", save_perturbed_copy(tiny, roots / "clf-b", scale=0.5))):
+        ModelFactory(name=name, engine=Model.Engine.TRANSFORMERS, task=Model.Task.CLASSIFY, source=str(source),
+                     is_default=False, default_params={})  # fmt: skip
+    old = run_in_process(submitted(roots, "clf", [{"input": f"{word} {n}"} for n, word in enumerate(WORDS * 3)]),
+                         django_capture_on_commit_callbacks)  # fmt: skip
+    new = job_rerun(job=old, actor=None, changes=RerunChanges(model_name="clf-b"))
+    new = run_in_process(new, django_capture_on_commit_callbacks)  # its merge's comparison task never runs
+    assert (old.status, new.status, new.total_records) == (JobStatus.SUCCEEDED, JobStatus.SUCCEEDED, 30)
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+    uri = comparison_uri(job_root(new))
+    redis_client().delete(f"batchery:compare-asked:{new.id}")
+
+    for _ in range(3):
+        with pytest.raises(ComparisonPending, match="30 records"):
+            job_comparison_read(job=new)
+    assert sent == [str(new.id)], "asked once, not at every read"
+    assert not store_for(uri).exists(uri), "not computed within a read"
+
+    # While a task writes it, a read asks for no other, and a second task leaves it to the first.
+    redis_client().delete(f"batchery:compare-asked:{new.id}")
+    with Lease(job_lease_key("compare", str(new.id)), "compare-1@test", exclusive=True):
+        with pytest.raises(ComparisonPending):
+            job_comparison_read(job=new)
+        job_comparison_write(job_id=str(new.id), worker="compare-2@test")
+        assert not store_for(uri).exists(uri)
+    assert sent == [str(new.id)]
+
+    job_comparison_write(job_id=sent[0], worker="compare-1@test")
+    report = job_comparison_read(job=new)
+    assert report["records"]["compared"] == 30
+    assert job_comparison(job=new) == report
 
 
 def test_a_rerun_of_another_task_is_refused_naming_the_model_and_a_job_that_is_no_rerun_has_no_comparison(
