@@ -8,7 +8,8 @@ file. A read that finds none (the message was lost, the worker died, the job it 
 computes it itself where the re-run has at most BATCHERY_COMPARISON_INLINE_RECORDS records
 (`job_comparison_read`); past that, a web request would hold a portal worker for as long as the outputs
 take to compare, so the read asks the task again (unless one holds the job's comparison lease, or was
-asked a moment ago) and answers that the report is being written (`ComparisonPending`). A crash
+asked a moment ago) and answers that the report is being written (`ComparisonPending`), or, where the task
+found the outputs could not be compared, why (`OutputsNotComparable`). A crash
 mid-computation leaves no state to resume, the file is written whole or not at all, and two writers
 racing write the same bytes.
 """
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 ASKED_AGAIN_AFTER_S = 60
 """A read asks the comparison task at most once in this many seconds a job, while no task holds its lease."""
+REFUSAL_KEPT_S = 600
+"""How long reads answer why the task could not compare a job's outputs before they ask it again (an outage of
+storage passes)."""
 
 
 class NotARerun(Exception):
@@ -50,6 +54,10 @@ class ComparisonPending(Exception):
 class ComparisonNotReady(Exception):
     """The comparison cannot be made now: a job has not ended, or ended without an output to compare (failed,
     cancelled, expired), or an output is unreadable; the message says which."""
+
+
+class OutputsNotComparable(ComparisonNotReady):
+    """The outputs cannot be compared: one cannot be read, or they are not of one input."""
 
 
 def job_comparison_read(*, job: Job) -> dict[str, Any]:
@@ -82,6 +90,8 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None, inline_records: 
             if _current(report, job, old):
                 return report
         if inline_records is not None and (records := job.total_records or 0) > inline_records:
+            if refusal := _refusal(job):
+                raise OutputsNotComparable(refusal)
             _ask_task(job)
             raise ComparisonPending(
                 f"the comparison of job {job.id}'s {records:,} records with job {old.id}'s is being written; "
@@ -91,9 +101,9 @@ def job_comparison(*, job: Job, now: dt.datetime | None = None, inline_records: 
         with store.open_write(uri) as target:
             target.write(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     except (StorageError, OSError) as exc:
-        raise ComparisonNotReady(f"the outputs cannot be read: {exc}") from exc
+        raise OutputsNotComparable(f"the outputs cannot be read: {exc}") from exc
     except OutputsDiffer as exc:
-        raise ComparisonNotReady(f"the outputs are not of one input: {exc}") from exc
+        raise OutputsNotComparable(f"the outputs are not of one input: {exc}") from exc
     logger.info("job %s: comparison against job %s written to %s", job.id, old.id, uri)
     return report
 
@@ -141,6 +151,21 @@ def _report(job: Job, old: Job, *, now: dt.datetime) -> dict[str, Any]:
     }
 
 
+def _refusal_key(job: Job) -> str:
+    """Where the comparison task leaves why it could not compare, per retry round of either job."""
+    old_round = job.rerun_of.retry_round if job.rerun_of is not None else 0
+    return f"batchery:compare-refused:{job.id}:{old_round}:{job.retry_round}"
+
+
+def _refusal(job: Job) -> str | None:
+    """Why the comparison task last failed to compare the job's outputs, within REFUSAL_KEPT_S; None: it did not."""
+    try:
+        refusal = redis_client().get(_refusal_key(job))
+    except redis.RedisError:
+        return None
+    return refusal.decode() if isinstance(refusal, bytes) else refusal
+
+
 def _ask_task(job: Job) -> None:
     """Send the comparison task for the job, unless one holds its lease or a read asked a moment ago."""
     if lease_holder(job_lease_key("compare", str(job.id))) is not None:
@@ -163,5 +188,12 @@ def job_comparison_write(*, job_id: str, worker: str) -> None:
             job_comparison(job=job)
     except LeaseHeld as held:
         logger.info("job %s: its comparison is being written by %s", job_id, held.holder)
+    except OutputsNotComparable as exc:
+        # Kept for the reads of a large re-run, which leave the comparing to this task: they answer it.
+        logger.warning("job %s: no comparison: %s", job_id, exc)
+        try:
+            redis_client().set(_refusal_key(job), str(exc), ex=REFUSAL_KEPT_S)
+        except redis.RedisError:
+            logger.warning("job %s: the comparison's refusal could not be kept", job_id)
     except (NotARerun, ComparisonNotReady) as exc:
         logger.info("job %s: no comparison written now: %s", job_id, exc)

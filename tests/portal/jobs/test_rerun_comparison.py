@@ -20,6 +20,7 @@ from portal.jobs.services.comparison import (
     ComparisonNotReady,
     ComparisonPending,
     NotARerun,
+    OutputsNotComparable,
     job_comparison,
     job_comparison_read,
     job_comparison_write,
@@ -225,23 +226,29 @@ def test_a_rerun_of_a_classifier_reports_the_confusion_between_old_and_new_label
     assert figures["agreement_rate"] == sum(count for (o, n), count in pairs.items() if o == n) / 30
 
 
-def test_a_large_reruns_comparison_is_written_by_the_task_which_a_read_asks_once_not_within_the_read(
-    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def classifier_rerun(roots: Path, captured: Any) -> Job:
+    """A 30-record classifier job and its re-run on a perturbed copy, both succeeded; the re-run's merge's
+    comparison task is not run."""
     tiny = build_tiny_classifier(roots / "clf", ["calm", "angry"])
     for name, source in (("clf", tiny), ("clf-b", save_perturbed_copy(tiny, roots / "clf-b", scale=0.5))):
         ModelFactory(name=name, engine=Model.Engine.TRANSFORMERS, task=Model.Task.CLASSIFY, source=str(source),
                      is_default=False, default_params={})  # fmt: skip
     old = run_in_process(submitted(roots, "clf", [{"input": f"{word} {n}"} for n, word in enumerate(WORDS * 3)]),
-                         django_capture_on_commit_callbacks)  # fmt: skip
-    new = job_rerun(job=old, actor=None, changes=RerunChanges(model_name="clf-b"))
-    new = run_in_process(new, django_capture_on_commit_callbacks)  # its merge's comparison task never runs
+                         captured)  # fmt: skip
+    new = run_in_process(job_rerun(job=old, actor=None, changes=RerunChanges(model_name="clf-b")), captured)
     assert (old.status, new.status, new.total_records) == (JobStatus.SUCCEEDED, JobStatus.SUCCEEDED, 30)
+    redis_client().delete(f"batchery:compare-asked:{new.id}")
+    return new
+
+
+def test_a_large_reruns_comparison_is_written_by_the_task_which_a_read_asks_once_not_within_the_read(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
     settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
     sent: list[str] = []
     monkeypatch.setattr(send, "send_comparison", sent.append)
     uri = comparison_uri(job_root(new))
-    redis_client().delete(f"batchery:compare-asked:{new.id}")
 
     for _ in range(3):
         with pytest.raises(ComparisonPending, match="30 records"):
@@ -262,6 +269,28 @@ def test_a_large_reruns_comparison_is_written_by_the_task_which_a_read_asks_once
     report = job_comparison_read(job=new)
     assert report["records"]["compared"] == 30
     assert job_comparison(job=new) == report
+
+
+def test_a_large_rerun_whose_outputs_the_task_cannot_compare_is_answered_why_not_pending_for_ever(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
+    assert new.rerun_of is not None
+    old_output = new.rerun_of.output_uri
+    kept = store_for(old_output).read_bytes(old_output).splitlines(keepends=True)[:-1]
+    with store_for(old_output).open_write(old_output) as target:
+        target.write(b"".join(kept))  # one line short: the outputs are no longer of one input
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+    with pytest.raises(ComparisonPending):
+        job_comparison_read(job=new)
+
+    job_comparison_write(job_id=sent[0], worker="compare@test")
+
+    with pytest.raises(OutputsNotComparable, match="not of one input"):
+        job_comparison_read(job=new)
+    assert sent == [str(new.id)], "the task is not asked again while its answer is kept"
 
 
 def test_a_rerun_of_another_task_is_refused_naming_the_model_and_a_job_that_is_no_rerun_has_no_comparison(
