@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -62,7 +63,11 @@ def own_queues_retire(now: float | None = None) -> int:
     try:
         with client, client.pipeline(transaction=False) as taken:
             for name, raw_entry in client.hgetall(KEY).items():
-                own_queue, entry = name.decode() if isinstance(name, bytes) else name, json.loads(raw_entry)
+                own_queue = name.decode() if isinstance(name, bytes) else name
+                entry = _entry(raw_entry)
+                if entry is None:
+                    client.hdel(KEY, own_queue)  # not this module's writing: one bad entry stops no sweep
+                    continue
                 if slot_takes(own_queue, entry["queue"]):
                     taken.hset(KEY, own_queue, json.dumps({**entry, "taken": now}))
                     continue
@@ -76,6 +81,17 @@ def own_queues_retire(now: float | None = None) -> int:
     except redis.RedisError as exc:
         logger.warning("cannot empty the own queues no slot takes; the next sweep tries again: %s", exc)
     return emptied
+
+
+def _entry(raw: bytes | str) -> dict[str, Any] | None:
+    """An entry of KEY, {"queue": str, "taken": float}; None where it is not one."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(entry, dict) and isinstance(entry.get("queue"), str) and isinstance(entry.get("taken"), float | int):
+        return entry
+    return None
 
 
 def _waiting_on(own_queue: str) -> bool:

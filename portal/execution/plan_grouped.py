@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import uuid
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
@@ -23,7 +23,7 @@ from typing import BinaryIO
 import orjson
 from django.db import transaction
 
-from portal.execution.prefix_groups import PrefixGrouping
+from portal.execution.prefix_groups import PrefixGrouping, frequent_keys
 from portal.execution.shard_cut import CutShard, PlannedShard, ShardCut, ShardCutter, record_chars
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.storage_layout import grouped_shard_input_uri, job_root, shard_positions_uri
@@ -78,6 +78,24 @@ class GroupedCutter:
             cutter.close()
             self._end(group, cutter)
         return [shard for _, shard in sorted(self.ended, key=lambda ended: ended[0])]
+
+
+def grouped_cut(
+    cut: ShardCut, *, input_field: str, keys: Sequence[int], sizes: Sequence[int]
+) -> tuple[list[CutShard], int, int] | None:
+    """The shards of a job whose records, in input order, have these prefix keys and input sizes
+    (`record_chars`), cut as a grouped job's: with its number of groups and the records in them; None
+    where it would be planned ungrouped (`frequent_keys`)."""
+    groups = frequent_keys(keys)
+    if not groups:
+        return None
+    cutter = GroupedCutter(cut, input_field=input_field)
+    in_groups = 0
+    for key, size in zip(keys, sizes, strict=True):
+        group = groups.get(key)
+        in_groups += group is not None
+        cutter.add(group, size)
+    return cutter.close(), len(groups), in_groups
 
 
 @dataclass

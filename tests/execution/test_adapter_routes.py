@@ -211,6 +211,11 @@ def test_a_dead_slots_own_queue_is_emptied_once_its_shards_were_sent_again_and_a
     own_queues_retire(now=now + 2 * VISIBILITY_TIMEOUT_S + STALE_AFTER_S + 1)
     assert not broker.hexists(OWN_QUEUES_KEY, fleet.own_queue(0)), "forgotten once nothing can come back"
 
+    # An entry that is not one of the scheduler's is dropped, and stops no sweep.
+    broker.hset(OWN_QUEUES_KEY, "gpu.cpu.slot.garbled", b"not json")
+    own_queues_retire(now=now)
+    assert not broker.hexists(OWN_QUEUES_KEY, "gpu.cpu.slot.garbled")
+
     # A slot that dies with routed shards not yet sent again keeps them on its queue until the reconciler has.
     fleet.stop(1)
     assert own_queues_retire(now=now + 2 * VISIBILITY_TIMEOUT_S + STALE_AFTER_S + 1) == 0

@@ -36,8 +36,8 @@ from portal.catalog.tokenizers import TokenCounter, token_counter
 from portal.execution.capacity import queue_slots
 from portal.execution.dispatch import job_queue
 from portal.execution.plan import job_records
-from portal.execution.plan_grouped import GroupedCutter
-from portal.execution.prefix_groups import frequent_keys, prefix_key_for
+from portal.execution.plan_grouped import grouped_cut
+from portal.execution.prefix_groups import prefix_key_for
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter, record_chars
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.budget import BudgetLine, budget_line
@@ -420,16 +420,11 @@ def _read(
     if tokens is not None:
         tokens.flush()
     cuts = cutter.close()
-    groups = frequent_keys(keys) if prefix_key is not None else {}
-    if not groups:
+    grouped = grouped_cut(cut, input_field=input_field, keys=keys, sizes=sizes) if prefix_key is not None else None
+    if grouped is None:
         return check, cuts, None, tokens, position.read_bytes
-    grouped = GroupedCutter(cut, input_field=input_field)
-    in_groups = 0
-    for key, size in zip(keys, sizes, strict=True):
-        group = groups.get(key)
-        in_groups += group is not None
-        grouped.add(group, size)
-    return check, grouped.close(), PrefixGroups(len(groups), in_groups), tokens, position.read_bytes
+    grouped_cuts, groups, in_groups = grouped
+    return check, grouped_cuts, PrefixGroups(groups, in_groups), tokens, position.read_bytes
 
 
 def _sample(
