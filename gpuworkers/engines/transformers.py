@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gpuworkers import settings
 from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError
-from gpuworkers.engines.lora import LoraAdapters
+from gpuworkers.engines.lora import BaseWeightsChanged, LoraAdapters
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.prefix_reuse import PrefixKV, PrefixPlan, PrefixReuse, no_prefixes, prefixed_inputs, sub_batches
 from gpuworkers.engines.sampling import ParamError, check_bound, is_int, structured_output
@@ -159,6 +159,7 @@ class TransformersEngine(TorchModelHolder):
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._adapters: LoraAdapters | None = None
         self._prefixes: PrefixReuse | None = None
+        self._device = "cpu"
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -183,6 +184,7 @@ class TransformersEngine(TorchModelHolder):
                 f"the tokenizer of {self.spec.name!r} has no chat template, which task 'chat' needs to render messages"
             )
         model.eval()
+        self._device = device
         self._adapters = LoraAdapters(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
@@ -201,6 +203,14 @@ class TransformersEngine(TorchModelHolder):
         self._prefixes = None
         self._adapters = None
         super().unload()
+
+    def _reload(self) -> None:
+        """Load the base model again from its source, keeping which adapters were refused."""
+        refused = {} if self._adapters is None else self._adapters.refused
+        self.unload()
+        self.load(device=self._device)
+        assert self._adapters is not None  # set by load
+        self._adapters.refused.update(refused)
 
     def shares_prefixes(self, params: Mapping[str, Any]) -> bool:
         """Whether records sharing a prompt prefix are worth putting in one micro-batch (`gpuworkers.batching`)."""
@@ -226,17 +236,22 @@ class TransformersEngine(TorchModelHolder):
         responses: list[dict[str, Any]] = [{} for _ in items]
         assert self._adapters is not None  # set by load, with the model
         adapter = params.get(ADAPTER_PARAM)
-        with self._adapters.active(adapter) as adapted:
-            namespace = "" if adapter is None else AdapterSpec.from_dict(dict(adapter)).fingerprint
-            plan = self._prefix_plan(token_ids, generation, adapted, namespace)
-            for indices, prefix in sub_batches(plan, token_ids, step):
-                if seeded:
-                    torch.manual_seed(generation.seed)
-                batch_responses = self._generate(
-                    adapted, tokenizer, [token_ids[i] for i in indices], generation, prefix
-                )
-                for index, response in zip(indices, batch_responses, strict=True):
-                    responses[index] = response
+        try:
+            with self._adapters.active(adapter) as adapted:
+                namespace = "" if adapter is None else AdapterSpec.from_dict(dict(adapter)).fingerprint
+                plan = self._prefix_plan(token_ids, generation, adapted, namespace)
+                for indices, prefix in sub_batches(plan, token_ids, step):
+                    if seeded:
+                        torch.manual_seed(generation.seed)
+                    batch_responses = self._generate(
+                        adapted, tokenizer, [token_ids[i] for i in indices], generation, prefix
+                    )
+                    for index, response in zip(indices, batch_responses, strict=True):
+                        responses[index] = response
+        except BaseWeightsChanged:
+            # The weights cannot be put back in place: every later record, of any tenant, runs on a fresh copy.
+            self._reload()
+            raise
         for response, cached in zip(responses, plan.cached_tokens, strict=True):
             response["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         return responses

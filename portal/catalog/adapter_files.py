@@ -1,10 +1,12 @@
 """What a LoRA adapter's files must be before the catalog takes them: PEFT's layout, safetensors only,
 tensors shaped for the base model, within the size and rank bounds.
 
-`adapter_check` reads the adapter's ``adapter_config.json`` and the header of its
-``adapter_model.safetensors`` (never a pickle, never the tensors' data), and the headers of the base
-model's safetensors files from its catalog source; every problem is an `AdapterRefused` naming the file,
-the field or the tensor.
+`read_config` checks the adapter's ``adapter_config.json`` against what a config may ask
+(`gpuworkers.engines.lora_config`, the rules the slot loads by) before anything else of the upload is read;
+`adapter_check` reads the header of its ``adapter_model.safetensors`` (never a pickle, never the tensors'
+data), and the headers of the base model's safetensors files from its catalog source, and gives the config
+to store, rebuilt from the checked fields. Every problem is an `AdapterRefused` naming the file, the field or
+the tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import IO, Any
 
-CONFIG_FILE = "adapter_config.json"
+from gpuworkers.engines.lora_config import CONFIG_FILE, LoraConfigRefused, LoraFields, lora_fields, rebuilt_config
+
 WEIGHTS_FILE = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024 * 1024
@@ -54,33 +57,32 @@ class CheckedAdapter:
     weights_bytes: int
     target_modules: tuple[str, ...]
     """The base model's modules the adapter changes, e.g. ``transformer.h.0.attn.c_attn``."""
+    config: dict[str, Any]
+    """The ``adapter_config.json`` to store: rebuilt from the checked fields (`rebuilt_config`), never the
+    upload's own."""
 
 
 OpenFile = Callable[[str], AbstractContextManager[IO[bytes]]]
 """Opens one file of a model directory (by its name within it) for reading from its start."""
 
 
-def read_config(raw: bytes) -> dict[str, Any]:
-    """The adapter's ``adapter_config.json``, a PEFT LoRA config."""
+def read_config(raw: bytes, *, max_rank: int) -> LoraFields:
+    """The checked fields of the adapter's ``adapter_config.json`` (a PEFT LoRA config), every rank at most
+    ``max_rank``."""
     if len(raw) > MAX_CONFIG_BYTES:
         raise AdapterRefused(f"{CONFIG_FILE} is {len(raw)} bytes, over the limit of {MAX_CONFIG_BYTES}")
     try:
         config = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AdapterRefused(f"{CONFIG_FILE} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise AdapterRefused(f"{CONFIG_FILE} is not valid JSON: it nests too deeply") from None
     if not isinstance(config, dict):
         raise AdapterRefused(f"{CONFIG_FILE} must hold a JSON object")
-    if config.get("peft_type") != "LORA":
-        raise AdapterRefused(f"{CONFIG_FILE}: peft_type must be 'LORA', not {config.get('peft_type')!r}")
-    rank = config.get("r")
-    if type(rank) is not int or rank < 1:
-        raise AdapterRefused(f"{CONFIG_FILE}: r (the rank) must be a positive whole number, not {rank!r}")
-    for unsupported in ("use_dora", "modules_to_save"):
-        if config.get(unsupported):
-            raise AdapterRefused(
-                f"{CONFIG_FILE}: {unsupported} is set; only plain LoRA adapters (A and B matrices) are served"
-            )
-    return config
+    try:
+        return lora_fields(config, max_rank=max_rank)
+    except LoraConfigRefused as exc:
+        raise AdapterRefused(exc.message) from None
 
 
 def safetensors_header(stream: IO[bytes], *, name: str, size: int | None = None) -> dict[str, Any]:
@@ -97,7 +99,7 @@ def safetensors_header(stream: IO[bytes], *, name: str, size: int | None = None)
     raw = stream.read(length)
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise AdapterRefused(f"{name} is not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
         raise AdapterRefused(f"{name} is not a safetensors file: its header is not a JSON object")
@@ -153,18 +155,15 @@ def base_model_shapes(open_file: OpenFile, files: Iterable[str]) -> dict[str, li
 
 
 def adapter_check(
-    config: Mapping[str, Any],
+    fields: LoraFields,
     header: Mapping[str, Any],
     *,
     weights_bytes: int,
     base_shapes: Mapping[str, list[int]],
-    max_rank: int,
     max_bytes: int,
 ) -> CheckedAdapter:
-    """The adapter's rank and targets once its config and tensors fit each other and the base model."""
-    rank = int(config["r"])
-    if rank > max_rank:
-        raise AdapterRefused(f"{CONFIG_FILE}: r is {rank}, over the highest rank served here ({max_rank})")
+    """The adapter's rank, targets and config to store once its config and tensors fit each other and the
+    base model."""
     if weights_bytes > max_bytes:
         raise AdapterRefused(f"{WEIGHTS_FILE} is {weights_bytes} bytes, over the limit of {max_bytes}")
     pairs: dict[str, dict[str, list[int]]] = {}
@@ -178,17 +177,21 @@ def adapter_check(
         pairs.setdefault(match["module"], {})[match["part"]] = entry["shape"]
     if not pairs:
         raise AdapterRefused(f"{WEIGHTS_FILE} holds no LoRA matrices")
-    ranks = config.get("rank_pattern") or {}
     for module, parts in sorted(pairs.items()):
-        _check_module(module, parts, ranks, rank, base_shapes)
-    return CheckedAdapter(rank=rank, weights_bytes=weights_bytes, target_modules=tuple(sorted(pairs)))
+        _check_module(module, parts, fields.rank_for(module), base_shapes)
+    try:
+        config = rebuilt_config(fields, {module: parts["A"][0] for module, parts in pairs.items()})
+    except LoraConfigRefused as exc:
+        raise AdapterRefused(exc.message) from None
+    return CheckedAdapter(
+        rank=fields.rank, weights_bytes=weights_bytes, target_modules=tuple(sorted(pairs)), config=config
+    )
 
 
 def _check_module(
     module: str,
     parts: Mapping[str, list[int]],
-    ranks: Mapping[str, Any],
-    rank: int,
+    expected: int,
     base_shapes: Mapping[str, list[int]],
 ) -> None:
     if set(parts) != {"A", "B"}:
@@ -197,7 +200,6 @@ def _check_module(
     a, b = parts["A"], parts["B"]
     if len(a) != 2 or len(b) != 2:
         raise AdapterRefused(f"{WEIGHTS_FILE}: module {module!r}'s LoRA matrices must be two-dimensional")
-    expected = next((r for pattern, r in ranks.items() if module.endswith(pattern)), rank)
     if a[0] != expected or b[1] != expected:
         raise AdapterRefused(
             f"{WEIGHTS_FILE}: module {module!r} has matrices of rank {a[0]} and {b[1]}, "

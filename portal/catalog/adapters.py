@@ -1,14 +1,20 @@
 """LoRA adapters in the catalog: registering a tenant's upload, and which adapters a tenant may use.
 
 `adapter_register` checks an upload whole (`adapter_files`) before it stores anything: a refused upload
-leaves no file and no row. `adapter_lookup` answers what a job or a record means by a name: the tenant's
-own newest enabled version of it, else a shared one, on a base model the tenant may use.
+leaves no file and no row. It reads the small config first, then the weights' header, and stores the config
+rebuilt from its checked fields; the weights are copied in chunks, and count, with the tenant's uploads,
+towards its `max_stored_bytes`. The base model's weight shapes are read once per model version a process.
+`adapter_lookup` answers what a job or a record means by a name: the tenant's own newest enabled version of
+it, else a shared one, on a base model the tenant may use.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from typing import IO
 
 from django.conf import settings
@@ -20,6 +26,7 @@ from gpuworkers.engines.vllm_lora import DEFAULT_MAX_LORA_RANK
 from gpuworkers.sources import resolve_model_source
 from portal.catalog.adapter_files import (
     CONFIG_FILE,
+    MAX_CONFIG_BYTES,
     WEIGHTS_FILE,
     AdapterRefused,
     adapter_check,
@@ -30,13 +37,19 @@ from portal.catalog.adapter_files import (
 from portal.catalog.models import Adapter, Model
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
 from portal.jobs.models import FINAL_STATUSES, Job
-from portal.tenancy.models import Tenant
+from portal.jobs.quota import QuotaExceeded
+from portal.tenancy.models import Quota, Tenant
+from portal.tenancy.stored_files import adapters_root, stored_bytes
 from tasks.shared.storage import StorageError, join_uri, store_for
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_ADAPTERS_PER_TENANT = 200
 """Adapters one tenant may keep registered: each is a file in the shared storage and an entry every
 record naming it is resolved against."""
+BASE_SHAPES_CACHED = 8
+"""Base model versions whose weight shapes a process keeps (a few hundred KB each for a large model)."""
+_base_shapes_cache: OrderedDict[tuple[int, str], dict[str, list[int]]] = OrderedDict()
+_base_shapes_lock = threading.Lock()
 
 
 def adapters_for_tenant(tenant: Tenant) -> QuerySet[Adapter]:
@@ -65,13 +78,18 @@ def adapter_register(
     tenant: Tenant,
     name: str,
     base_model_name: str,
-    config: bytes,
+    config: IO[bytes],
+    config_bytes: int,
     weights: IO[bytes],
     weights_bytes: int,
     version: str = "1",
     description: str = "",
 ) -> Adapter:
-    """Check an uploaded adapter against its base model and store it as the tenant's; raises `AdapterRefused`."""
+    """Check an uploaded adapter against its base model and store it as the tenant's; raises `AdapterRefused`,
+    or `QuotaExceeded` past the room the tenant's `max_stored_bytes` leaves.
+
+    The checks run cheapest first, so that a refused upload costs little: the names, the sizes, the quota,
+    the config (at most `MAX_CONFIG_BYTES` read), the weights' header, the base model's shapes (cached)."""
     if not NAME.match(name):
         raise AdapterRefused(
             f"name must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit, not {name!r}",
@@ -89,29 +107,31 @@ def adapter_register(
             field="name",
         )
     base_model = _base_model(tenant, base_model_name)
+    if config_bytes > MAX_CONFIG_BYTES:
+        raise AdapterRefused(f"{CONFIG_FILE} is {config_bytes} bytes, over the limit of {MAX_CONFIG_BYTES}")
     if weights_bytes > settings.BATCHERY_MAX_ADAPTER_BYTES:
         raise AdapterRefused(
             f"{WEIGHTS_FILE} is {weights_bytes} bytes, over the limit of {settings.BATCHERY_MAX_ADAPTER_BYTES}"
         )
-    parsed = read_config(config)
-    header = safetensors_header(weights, name=WEIGHTS_FILE, size=weights_bytes)
+    _check_room(tenant, config_bytes + weights_bytes)
     max_rank = settings.BATCHERY_MAX_LORA_RANK
     if base_model.engine == Model.Engine.VLLM:
         max_rank = min(max_rank, int(base_model.load_params.get("max_lora_rank", DEFAULT_MAX_LORA_RANK)))
+    fields = read_config(config.read(MAX_CONFIG_BYTES + 1), max_rank=max_rank)
+    header = safetensors_header(weights, name=WEIGHTS_FILE, size=weights_bytes)
     checked = adapter_check(
-        parsed,
+        fields,
         header,
         weights_bytes=weights_bytes,
         base_shapes=_base_shapes(base_model),
-        max_rank=max_rank,
         max_bytes=settings.BATCHERY_MAX_ADAPTER_BYTES,
     )
-    source = join_uri(settings.BATCHERY_STORAGE_URL, "adapters", str(tenant.pk), uuid.uuid4().hex)
+    source = join_uri(adapters_root(tenant.pk), uuid.uuid4().hex)
     store = store_for(source)
     weights.seek(0)
     try:
         with store.open_write(join_uri(source, CONFIG_FILE)) as target:
-            target.write(config)
+            target.write(json.dumps(checked.config, indent=2, sort_keys=True).encode())
         with store.open_write(join_uri(source, WEIGHTS_FILE)) as target:
             while chunk := weights.read(1024 * 1024):
                 target.write(chunk)
@@ -134,6 +154,23 @@ def adapter_register(
     except BaseException:
         store.delete_prefix(source)
         raise
+
+
+def _check_room(tenant: Tenant, size: int) -> None:
+    """Adapters are stored files of the tenant like its uploads: both count towards `max_stored_bytes`."""
+    limit = Quota.objects.filter(tenant=tenant).values_list("max_stored_bytes", flat=True).first()
+    if limit is None:
+        return
+    stored = stored_bytes(tenant.pk)
+    if stored + size > limit:
+        raise QuotaExceeded(
+            quota="max_stored_bytes",
+            limit=limit,
+            current=stored,
+            requested=size,
+            message=f"quota max_stored_bytes exceeded: the tenant's uploads and adapters keep {stored} bytes, this "
+            f"adapter needs {size}, the limit is {limit}; delete files or adapters, or ask an operator for more",
+        )
 
 
 class AdapterNotDeletable(Exception):
@@ -200,6 +237,23 @@ def _base_model(tenant: Tenant, name: str) -> Model:
 
 
 def _base_shapes(model: Model) -> dict[str, list[int]]:
+    """The base model's weight shapes, read from its headers once per model version (a catalog row, whose
+    source does not change) and kept for the next upload, refused ones included."""
+    key = (model.pk, model.source)
+    with _base_shapes_lock:
+        cached = _base_shapes_cache.get(key)
+        if cached is not None:
+            _base_shapes_cache.move_to_end(key)
+            return cached
+    shapes = _read_base_shapes(model)
+    with _base_shapes_lock:
+        _base_shapes_cache[key] = shapes
+        while len(_base_shapes_cache) > BASE_SHAPES_CACHED:
+            _base_shapes_cache.popitem(last=False)
+    return shapes
+
+
+def _read_base_shapes(model: Model) -> dict[str, list[int]]:
     try:
         if model.source.startswith("s3://"):
             store = store_for(model.source)

@@ -14,11 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.api.access import request_access
-from portal.api.errors import ApiError, conflict
+from portal.api.errors import ApiError, conflict, submission_refused
 from portal.api.serializers import AdapterCreateSerializer, AdapterSerializer
 from portal.catalog.adapter_files import AdapterRefused
 from portal.catalog.adapters import AdapterNotDeletable, adapter_delete, adapter_register, adapters_for_tenant
 from portal.catalog.models import Adapter
+from portal.jobs.quota import QuotaExceeded
 
 
 class AdapterViewSet(
@@ -38,7 +39,11 @@ class AdapterViewSet(
 
     @extend_schema(
         request={"multipart/form-data": AdapterCreateSerializer},
-        responses={201: AdapterSerializer, 400: OpenApiResponse(description="The upload is refused; nothing stored.")},
+        responses={
+            201: AdapterSerializer,
+            400: OpenApiResponse(description="The upload is refused; nothing stored."),
+            429: OpenApiResponse(description="The tenant's max_stored_bytes leaves no room for it; nothing stored."),
+        },
     )
     def create(self, request: Request) -> Response:
         """Register an adapter of a base model from its files; refused whole, naming the file or field at fault."""
@@ -53,12 +58,15 @@ class AdapterViewSet(
                 base_model_name=data["base_model"],
                 version=data["version"],
                 description=data["description"],
-                config=config.read(),
+                config=config,
+                config_bytes=config.size,
                 weights=weights,
                 weights_bytes=weights.size,
             )
         except AdapterRefused as exc:
             raise ApiError(exc.message, status_code=400, code="invalid_adapter", param=exc.field) from None
+        except QuotaExceeded as exc:
+            raise submission_refused(exc) from None
         return Response(AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: Adapter) -> None:

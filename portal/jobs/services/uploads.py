@@ -2,8 +2,7 @@
 
 An upload is copied in chunks, never held whole in memory, and refused with nothing left behind
 past the size limit of one upload, or past the room its tenant's `max_stored_bytes` quota leaves
-beside the uploads it already keeps (measured from the storage's listing, so that every way an upload
-leaves, deleted or expired, frees its room).
+beside the uploads and LoRA adapters it already keeps (`portal.tenancy.stored_files`).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from django.conf import settings
 
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Quota
+from portal.tenancy.stored_files import stored_bytes, uploads_root
 from tasks.shared.storage import join_uri, store_for
 
 
@@ -28,11 +28,6 @@ class UploadTooLarge(Exception):
 UPLOAD_SCHEME = "upload://"
 """How tenants see and name their uploads: `upload://<name>`, never the platform's storage root."""
 _UPLOAD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-
-
-def uploads_root(tenant_id: int) -> str:
-    """Where a tenant's uploads live; the tenant's API callers may read inputs from here."""
-    return join_uri(settings.BATCHERY_STORAGE_URL, "uploads", str(tenant_id))
 
 
 def hide_storage_root(text: str) -> str:
@@ -59,20 +54,14 @@ def _safe_name(filename: str) -> str:
     return name[:100] or "input.jsonl"
 
 
-def stored_bytes(tenant_id: int) -> int:
-    """Bytes of the tenant's uploads in the platform's storage now."""
-    root = uploads_root(tenant_id)
-    return store_for(root).prefix_bytes(root)
-
-
 def _stored_over_quota(limit: int, stored: int, size: int) -> QuotaExceeded:
     return QuotaExceeded(
         quota="max_stored_bytes",
         limit=limit,
         current=stored,
         requested=size,
-        message=f"quota max_stored_bytes exceeded: the tenant's uploads keep {stored} bytes, this upload needs "
-        f"{size} or more, the limit is {limit}; delete files or ask an operator for more",
+        message=f"quota max_stored_bytes exceeded: the tenant's uploads and adapters keep {stored} bytes, this "
+        f"upload needs {size} or more, the limit is {limit}; delete files or ask an operator for more",
     )
 
 

@@ -20,6 +20,7 @@ from portal.catalog.adapters import (
     adapter_register,
     adapters_for_tenant,
 )
+from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view
 from portal.web.forms import AdapterForm
@@ -53,12 +54,15 @@ def adapter_upload(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
                 base_model_name=data["base_model"],
                 version=data["version"],
                 description=data["description"],
-                config=config.read(),
+                config=config,
+                config_bytes=config.size,
                 weights=weights,
                 weights_bytes=weights.size,
             )
         except AdapterRefused as exc:
             form.add_error(exc.field if exc.field in FORM_FIELDS else None, exc.message)
+        except QuotaExceeded as exc:
+            form.add_error(None, exc.message)
         else:
             messages.success(
                 request, f"Adapter {adapter} registered on {adapter.base_model.name}: jobs and records may name it."
