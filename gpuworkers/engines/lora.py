@@ -69,35 +69,42 @@ def base_digest(module: Any) -> dict[str, str]:
     return digests
 
 
-def adapter_config(path: Path) -> Any:
-    """PEFT's `LoraConfig` for the adapter in ``path``: rebuilt from its stored config's checked fields and
-    the modules and ranks its weights hold (read from the safetensors header alone)."""
-    from peft import LoraConfig
+def checked_stored_config(path: Path, *, max_rank: int | None = None) -> dict[str, Any]:
+    """The config to load the adapter in ``path`` with: its stored config's checked fields, rebuilt for the
+    modules and ranks its weights hold (read from the safetensors header alone); raises `EngineLoadError`
+    naming the field a stored config may not set.
+
+    Without ``max_rank`` the ranks are bounded by the weights alone: the rebuilt config gives each module the
+    rank of its matrices, so the file's size (bounded at registration) bounds what PEFT allocates."""
     from safetensors import safe_open
 
-    config_path = path / CONFIG_FILE
     try:
-        with config_path.open("rb") as stream:
+        with (path / CONFIG_FILE).open("rb") as stream:
             raw = stream.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise EngineLoadError(f"{CONFIG_FILE} is over {MAX_CONFIG_BYTES} bytes")
         config = json.loads(raw)
         if not isinstance(config, dict):
             raise EngineLoadError(f"{CONFIG_FILE} does not hold a JSON object")
-        # The ranks the rebuilt config gives are the weights' own, so the file's size bounds what PEFT allocates.
-        fields = lora_fields(config, max_rank=None)
+        fields = lora_fields(config, max_rank=max_rank)
         ranks: dict[str, int] = {}
         with safe_open(str(path / WEIGHTS_FILE), framework="pt") as weights:
             for key in weights.keys():  # noqa: SIM118 (safe_open is no mapping)
                 if key.startswith(_PEFT_PREFIX) and key.endswith(".lora_A.weight"):
-                    ranks[key.removeprefix(_PEFT_PREFIX).removesuffix(".lora_A.weight")] = weights.get_slice(
-                        key
-                    ).get_shape()[0]
-        return LoraConfig(**rebuilt_config(fields, ranks))
+                    module = key.removeprefix(_PEFT_PREFIX).removesuffix(".lora_A.weight")
+                    ranks[module] = weights.get_slice(key).get_shape()[0]
+        return rebuilt_config(fields, ranks)
     except LoraConfigRefused as exc:
         raise EngineLoadError(exc.message) from None
     except (OSError, ValueError, RecursionError) as exc:
         raise EngineLoadError(f"{CONFIG_FILE} cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+def adapter_config(path: Path) -> Any:
+    """PEFT's `LoraConfig` for the adapter in ``path``, from `checked_stored_config`, never the stored file."""
+    from peft import LoraConfig
+
+    return LoraConfig(**checked_stored_config(path))
 
 
 class LoraAdapters:

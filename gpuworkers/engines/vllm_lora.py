@@ -2,7 +2,11 @@
 
 vLLM loads an adapter on the first request that names it and keeps up to ``max_loras``; a request is built
 once an adapter and a process (its source resolved once, an ``s3://`` one through the host's weights cache),
-with a ``lora_int_id`` stable for the process, which vLLM caches adapters by.
+with a ``lora_int_id`` stable for the process, which vLLM caches adapters by. vLLM reads the adapter's
+stored config itself (and applies no PEFT initialisation to the base weights), so its adapters pass the same
+allow-list as the transformers engine's first (`gpuworkers.engines.lora.checked_stored_config`): an adapter
+stored before registration rebuilt configs is refused here, naming the field, rather than sized by vLLM
+from a ``rank_pattern`` it does not read.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 from gpuworkers import settings
 from gpuworkers.engines.base import EngineLoadError
+from gpuworkers.engines.lora import checked_stored_config
 from gpuworkers.sources import resolve_model_source
 from gpuworkers.spec import AdapterSpec
 
@@ -33,6 +38,7 @@ class VllmLoras:
     def __init__(self, model: str, load_params: Mapping[str, Any]) -> None:
         self._model = model
         self._enabled = bool(load_params.get("enable_lora"))
+        self._max_rank = int(load_params.get("max_lora_rank", DEFAULT_MAX_LORA_RANK))
         self._requests: dict[str, Any] = {}
         self._held: tuple[str, ...] = ()
 
@@ -53,9 +59,13 @@ class VllmLoras:
         spec = AdapterSpec.from_dict(dict(adapter))
         found = self._requests.get(spec.fingerprint)
         if found is None:
+            path = resolve_model_source(spec.source)
+            try:
+                checked_stored_config(path, max_rank=self._max_rank)
+            except EngineLoadError as exc:
+                raise EngineLoadError(f"adapter {spec.name!r} is refused: {exc}") from None
             from vllm.lora.request import LoRARequest
 
-            path = str(resolve_model_source(spec.source))
-            found = self._requests[spec.fingerprint] = LoRARequest(spec.fingerprint, len(self._requests) + 1, path)
+            found = self._requests[spec.fingerprint] = LoRARequest(spec.fingerprint, len(self._requests) + 1, str(path))
             self._held = tuple(self._requests)
         return found

@@ -1,7 +1,8 @@
 """A LoRA adapter whose stored config asks PEFT to act on the base model (``init_lora_weights: pissa``,
 ``all-linear``, ``layer_replication``, huge ``rank_pattern`` ranks…) cannot change the weights other tenants'
 records run on: the slot builds the config PEFT gets from the checked fields, refuses what it does not load,
-and, should anything still change the base weights, refuses that adapter and loads its base model again."""
+and, should anything still change the base weights, refuses that adapter and loads its base model again.
+The vllm engine, which reads the stored config itself, checks it against the same allow-list first."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 
 from gpuworkers.batching import ENGINE_ERROR, Item, run_records
 from gpuworkers.engines import lora
-from gpuworkers.engines.base import ADAPTER_PARAM
+from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError
 from gpuworkers.engines.transformers import TransformersEngine
+from gpuworkers.engines.vllm_lora import VllmLoras
 from gpuworkers.spec import AdapterSpec, ModelSpec
 from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_lora
 
@@ -120,3 +122,16 @@ def test_an_adapter_that_changes_the_base_weights_anyway_is_refused_and_the_base
         assert "loading it changed the base model's weights" in result.error["message"], result.error["message"]
     assert engine._adapters is not None
     assert AdapterSpec.from_dict(_adapter(hostile, "pissa")).fingerprint in engine._adapters.refused
+
+
+def test_the_vllm_engine_refuses_a_stored_hostile_config_before_vllm_reads_it(tiny: dict[str, Path]) -> None:
+    # vLLM reads the stored config itself: the allow-list runs first, with vLLM's own max_lora_rank.
+    loras = VllmLoras("tiny-base", {"enable_lora": True, "max_lora_rank": 16})
+    for n, (changes, field) in enumerate(HOSTILE.values()):
+        hostile = _stored_raw(tiny["good"], tiny["root"] / f"vllm-hostile-{n}", **changes)
+        with pytest.raises(EngineLoadError, match=f"adapter_config.json: {field}"):
+            loras.request(_adapter(hostile, f"hostile-{n}"))
+    narrow = VllmLoras("tiny-base", {"enable_lora": True, "max_lora_rank": 2})
+    with pytest.raises(EngineLoadError, match=r"r is 4, over the highest rank served here \(2\)"):
+        narrow.request(_adapter(tiny["good"], "good"))
+    assert loras.loaded == [] and narrow.loaded == []

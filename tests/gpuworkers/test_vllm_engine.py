@@ -19,6 +19,7 @@ from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import ParamError
 from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
 from gpuworkers.spec import AdapterSpec, ModelSpec
+from tests.support.tiny_models import write_lora_files
 from tests.support.vllm_standins import (
     CompletionOutput,
     EmbeddingOutput,
@@ -503,9 +504,7 @@ def test_truncate_cuts_embedding_inputs_to_their_first_tokens_and_the_rest_are_r
 def test_with_lora_enabled_each_prompt_goes_with_its_adapters_request_in_one_call(
     fake_vllm: types.ModuleType, tmp_path: Path
 ) -> None:
-    alpha, beta = tmp_path / "alpha", tmp_path / "beta"
-    alpha.mkdir()
-    beta.mkdir()
+    alpha, beta = write_lora_files(tmp_path / "alpha"), write_lora_files(tmp_path / "beta")
     engine, llm = loaded(vllm_spec(tmp_path, load_params={"enable_lora": True}))
     assert (llm.kwargs["enable_lora"], llm.kwargs["max_loras"], llm.kwargs["max_lora_rank"]) == (True, 8, 64)
     adapter = {"name": "alpha", "version": "1", "source": str(alpha), "rank": 8}

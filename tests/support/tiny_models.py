@@ -5,6 +5,7 @@ A test builds one into ``tmp_path`` and loads it back through the engines like a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -173,4 +174,21 @@ def save_perturbed_copy(source: Path, directory: Path, *, scale: float, seed: in
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
     shutil.copytree(source, directory, dirs_exist_ok=True)
     model.save_pretrained(directory)
+    return directory
+
+
+def write_lora_files(directory: Path, *, rank: int = 8, module: str = "model.layers.0.self_attn.q_proj") -> Path:
+    """A LoRA adapter's two files in PEFT's layout without a base model at hand (one module, zero matrices):
+    enough for an engine that checks the files before handing them to a fake vLLM."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": [module.rsplit(".", 1)[-1]]}
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    prefix = f"base_model.model.{module}"
+    save_file(
+        {f"{prefix}.lora_A.weight": torch.zeros(rank, 16), f"{prefix}.lora_B.weight": torch.zeros(16, rank)},
+        str(directory / "adapter_model.safetensors"),
+    )
     return directory
