@@ -5,6 +5,7 @@ viewer only reads. The job page names a job's adapters and the usage page splits
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from django.utils.html import escape
 from portal.catalog.models import Adapter, Model
 from portal.jobs.adapters import adapter_entry
 from portal.jobs.models import JobAdapterUsage, JobUsage
-from portal.tenancy.models import Membership, Tenant
+from portal.tenancy.models import Membership, Quota, Tenant
 from tasks.shared.storage import join_uri, store_for
 from tests.factories import TenantFactory
 from tests.web.conftest import TinyLora, make_job
@@ -232,3 +233,21 @@ def test_the_job_page_names_its_adapters_and_the_usage_page_splits_their_usage(
     other = _client(person("gina", TenantFactory(name="globex")))
     assert 'id="usage-adapters"' not in other.get("/usage/").content.decode()
     assert other.get(f"/jobs/{job.pk}/").status_code == 404
+
+
+def test_an_upload_with_a_hostile_config_or_past_the_tenants_stored_bytes_is_shown_refused_and_keeps_nothing(
+    person: Callable[..., User], acme: Tenant, tiny_chat: Model, tiny_lora_files: TinyLora
+) -> None:
+    client = _client(person("alice", acme))
+    config = json.loads((tiny_lora_files.lora / "adapter_config.json").read_text())
+
+    pissa = _upload(client, tiny_lora_files.lora, config=json.dumps({**config, "init_lora_weights": "pissa"}).encode())
+    assert pissa.status_code == 400
+    assert escape("adapter_config.json: init_lora_weights is 'pissa'") in pissa.content.decode()
+
+    Quota.objects.update_or_create(tenant=acme, defaults={"max_stored_bytes": 1000})
+    full = _upload(client, tiny_lora_files.lora)
+    assert full.status_code == 400
+    assert escape("max_stored_bytes exceeded: the tenant's uploads and adapters keep 0 bytes") in full.content.decode()
+    assert not Adapter.objects.exists()
+    assert _stored(acme) == []
