@@ -172,6 +172,8 @@ class LoraAdapters:
                     self.model, str(path), adapter_name=key, is_trainable=False, config=config
                 )
         except Exception as exc:
+            # A load that failed half-way may have acted on the base weights all the same.
+            self._check_base(spec)
             raise EngineLoadError(
                 f"cannot load adapter {spec.name!r} from {spec.source}: {type(exc).__name__}: {exc}"
             ) from exc

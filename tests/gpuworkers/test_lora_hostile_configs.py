@@ -106,22 +106,24 @@ def test_an_adapter_that_changes_the_base_weights_anyway_is_refused_and_the_base
     from peft import LoraConfig
 
     monkeypatch.setattr(lora, "adapter_config", lambda path: LoraConfig.from_pretrained(str(path)))
-    hostile = _stored_raw(tiny["good"], tiny["root"] / "pissa", init_lora_weights="pissa", target_modules="all-linear")
     engine = _engine(tiny["base"])
     good = {**GREEDY, ADAPTER_PARAM: _adapter(tiny["good"], "good")}
     before, good_before = _texts(engine, GREEDY), _texts(engine, good)
-    items = [
-        Item(f"attacker-{n}", prompt, {ADAPTER_PARAM: _adapter(hostile, "pissa")}) for n, prompt in enumerate(PROMPTS)
-    ]
-    results = list(run_records(engine, items, params=GREEDY, micro_batch_size=8))
+    # pissa loads; olora rewrites the weights and then fails to load the matrices (a half-done load).
+    for name, init in (("pissa", "pissa"), ("olora", "olora")):
+        hostile = _stored_raw(tiny["good"], tiny["root"] / name, init_lora_weights=init, target_modules="all-linear")
+        items = [
+            Item(f"attacker-{n}", prompt, {ADAPTER_PARAM: _adapter(hostile, name)}) for n, prompt in enumerate(PROMPTS)
+        ]
+        results = list(run_records(engine, items, params=GREEDY, micro_batch_size=8))
 
-    assert _texts(engine, GREEDY) == before
-    assert _texts(engine, good) == good_before
-    for result in results:
-        assert result.error is not None and result.error["code"] == ENGINE_ERROR
-        assert "loading it changed the base model's weights" in result.error["message"], result.error["message"]
-    assert engine._adapters is not None
-    assert AdapterSpec.from_dict(_adapter(hostile, "pissa")).fingerprint in engine._adapters.refused
+        assert _texts(engine, GREEDY) == before, name
+        assert _texts(engine, good) == good_before, name
+        for result in results:
+            assert result.error is not None and result.error["code"] == ENGINE_ERROR
+            assert "loading it changed the base model's weights" in result.error["message"], result.error["message"]
+        assert engine._adapters is not None
+        assert AdapterSpec.from_dict(_adapter(hostile, name)).fingerprint in engine._adapters.refused
 
 
 def test_the_vllm_engine_refuses_a_stored_hostile_config_before_vllm_reads_it(tiny: dict[str, Path]) -> None:
