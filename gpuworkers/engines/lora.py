@@ -24,14 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from gpuworkers.engines.base import EngineLoadError
-from gpuworkers.engines.lora_config import CONFIG_FILE, LoraConfigRefused, lora_fields, rebuilt_config
+from gpuworkers.engines.lora_config import (
+    CONFIG_FILE,
+    MAX_CONFIG_BYTES,
+    WEIGHTS_FILE,
+    LoraConfigRefused,
+    lora_fields,
+    rebuilt_config,
+)
 from gpuworkers.settings import MAX_LORAS
 from gpuworkers.sources import resolve_model_source
 from gpuworkers.spec import AdapterSpec
 
-WEIGHTS_FILE = "adapter_model.safetensors"
-MAX_CONFIG_BYTES = 64 * 1024
-"""As at registration: a config is a few hundred bytes."""
 DIGEST_SAMPLES = 1024
 """Values of each base tensor read whole into its digest, at an even stride, beside the sum of all of them."""
 _LORA_TENSOR = ".lora_"

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+MAX_CONFIG_BYTES = 64 * 1024
+"""The most of a config read, at registration and on a slot: one is a few hundred bytes."""
 
 _METADATA = frozenset(
     {

@@ -19,10 +19,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from gpuworkers.engines.lora_config import CONFIG_FILE, LoraConfigRefused, LoraFields, lora_fields, rebuilt_config
+from gpuworkers.engines.lora_config import (
+    CONFIG_FILE,
+    MAX_CONFIG_BYTES,
+    WEIGHTS_FILE,
+    LoraConfigRefused,
+    LoraFields,
+    lora_fields,
+    rebuilt_config,
+)
 
-WEIGHTS_FILE = "adapter_model.safetensors"
-MAX_CONFIG_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 """The largest safetensors header read: a base model of tens of thousands of tensors has a few MB."""
 _DTYPE_BYTES = {
