@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,8 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from portal.catalog import adapters as catalog_adapters
+from portal.catalog.adapter_files import AdapterRefused
+from portal.catalog.adapters import adapter_register
 from portal.catalog.models import Adapter, Model
 from portal.tenancy.models import Quota
 from tasks.shared.storage import join_uri, store_for
@@ -189,3 +192,40 @@ def test_the_base_models_shapes_are_read_once_per_model_version_refused_uploads_
         assert "not the rank 8 its config gives" in refused.json()["error"]["message"]
     assert _post(acme, (lora_dir / "adapter_config.json").read_bytes(), weights).status_code == 201
     assert reads == ["read"]
+
+
+class _CountedReads(io.BytesIO):
+    """An uploaded file that counts the bytes read from it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.read_bytes = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self.read_bytes += len(chunk)
+        return chunk
+
+
+def test_an_oversized_config_is_refused_from_its_size_and_a_refused_config_leaves_the_weights_unread(
+    caller: Callable[..., Caller], lora_dir: Path
+) -> None:
+    acme = caller("acme")
+    weights = (lora_dir / "adapter_model.safetensors").read_bytes()
+    for config, words in (
+        (b" " * (8 * 1024 * 1024), "adapter_config.json is 8388608 bytes, over the limit of 65536"),
+        (_config(lora_dir, init_lora_weights="pissa"), "init_lora_weights is 'pissa'"),
+    ):
+        config_file, weights_file = _CountedReads(config), _CountedReads(weights)
+        with pytest.raises(AdapterRefused, match=re.escape(words)):
+            adapter_register(
+                tenant=acme.tenant,
+                name="bot",
+                base_model_name="tiny-chat",
+                config=config_file,
+                config_bytes=len(config),
+                weights=weights_file,
+                weights_bytes=len(weights),
+            )
+        assert config_file.read_bytes <= 64 * 1024 + 1
+        assert weights_file.read_bytes == 0
