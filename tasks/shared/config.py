@@ -344,6 +344,50 @@ MAX_OUTPUT_TOKENS = int_var(
     minimum=1,
     doc="The most tokens (`max_tokens`, `max_completion_tokens`) one request may ask to generate.",
 )
+# Media in chat messages: checked at submission against the model's catalog entry, and again on the slot
+# before vLLM's chat parser, which would fetch any URL it is given from the GPU host.
+MAX_MEDIA_BYTES = int_var(
+    "BATCHERY_MAX_MEDIA_BYTES",
+    8 * 1024 * 1024,
+    minimum=1,
+    default_text="8 MiB",
+    doc="The most bytes one media part of a chat message may hold (its `data:` URL or base64 data, as written).",
+)
+MAX_MEDIA_RECORD_BYTES = int_var(
+    "BATCHERY_MAX_MEDIA_RECORD_BYTES",
+    16 * 1024 * 1024,
+    minimum=1,
+    default_text="16 MiB",
+    doc="The most bytes of media all the messages of one chat record may hold together.",
+)
+MEDIA_ALLOWED_HOSTS = list_var(
+    "BATCHERY_MEDIA_ALLOWED_HOSTS",
+    doc=(
+        "Host names (exact, comma-separated; no IP addresses) whose `https://` media URLs chat records may give, "
+        "fetched by the GPU host without following redirects; unset, only `data:` URLs are taken."
+    ),
+)
+# A `json_schema` (a response_format's, or the tools' a reply is decoded to) is compiled into a grammar on the
+# shared slot; its cost grows with these.
+MAX_JSON_SCHEMA_BYTES = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_BYTES",
+    64 * 1024,
+    minimum=2,
+    default_text="64 KiB",
+    doc="The most bytes (compact JSON) of the schema a request's structured output or tools are decoded to.",
+)
+MAX_JSON_SCHEMA_DEPTH = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_DEPTH",
+    32,
+    minimum=1,
+    doc="The deepest nesting of objects and arrays in such a schema, the schema itself being the first level.",
+)
+MAX_JSON_SCHEMA_PROPERTIES = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_PROPERTIES",
+    1000,
+    minimum=1,
+    doc="The most properties (the names under every `properties` of it, all levels together) such a schema may have.",
+)
 # Compressed inputs (gzip, zstd) are read through `tasks.shared.formats.compression.decompressed`,
 # which stops at these: a few hundred KB may otherwise expand into gigabytes in a request or on the
 # shared storage the planner writes shard inputs to.
