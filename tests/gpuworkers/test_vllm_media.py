@@ -5,11 +5,9 @@ listener on 127.0.0.1 standing for an address only the GPU host can reach."""
 from __future__ import annotations
 
 import os
-import threading
 import types
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.media import NO_MEDIA_HOST
 from tests.gpuworkers.test_vllm_engine import FakeLLM, fake_vllm, loaded  # noqa: F401 (fake_vllm: a fixture)
+from tests.support.media import Listener
 from tests.support.vllm_standins import vllm_spec
 
 
@@ -37,33 +36,6 @@ class FetchingLLM(FakeLLM):
                     part if isinstance(part, str) else part.get("text", "") for part in content
                 ) if isinstance(content, list) else content  # fmt: skip
         return super().chat(messages, *args, **kwargs)
-
-
-class Listener:
-    """An HTTP server on 127.0.0.1 that counts the requests it sees (a metadata service, a private host)."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        seen = self.paths
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                seen.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.end_headers()
-                self.wfile.write(b"\x89PNG")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
