@@ -3,13 +3,18 @@ its field, wherever params are judged (a job's, an OpenAI line's, a record's own
 
 from __future__ import annotations
 
+import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError, SchemaTooLarge, structured_output
 from gpuworkers.engines.tools import check_reply_schema_bounds, reply_format, tool_calls
+from tests.gpuworkers.test_vllm_engine import fake_vllm, loaded  # noqa: F401 (fake_vllm: a fixture)
+from tests.support.vllm_standins import vllm_spec
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -75,3 +80,23 @@ def test_a_jobs_params_are_refused_at_submission_naming_the_field(monkeypatch: p
 
 def test_a_records_own_params_other_faults_are_left_to_the_engine() -> None:
     check_reply_schema_bounds({"response_format": {"type": "nonsense"}, "tools": "not a list"})
+
+
+def test_on_the_slot_a_records_schema_over_the_bounds_errors_that_record_alone_before_vllm_compiles_it(
+    fake_vllm: types.ModuleType,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATCHERY_MAX_JSON_SCHEMA_PROPERTIES", "5")
+    engine, llm = loaded(vllm_spec(tmp_path, task="chat"))
+    hi = [{"role": "user", "content": "hi"}]
+    items = [Item("plain", hi), Item("wide", hi, response_format(wide(6))), Item("fits", hi, response_format(wide(5)))]
+
+    results = {result.custom_id: result for result in run_records(engine, items, params={}, micro_batch_size=8)}
+
+    assert results["plain"].response is not None and results["fits"].response is not None
+    error = results["wide"].error
+    assert error is not None and "response_format.json_schema.schema has more than 5 properties" in error["message"]
+    given = [params.kwargs.get("structured_outputs") for call in llm.calls for params in call[2]]
+    assert ("structured", {"json": wide(5)}) in given
+    assert ("structured", {"json": wide(6)}) not in given
