@@ -88,11 +88,15 @@ class MediaProblem:
         return self.message
 
 
-def messages_media_problem(messages: Any, policy: MediaPolicy, *, field: str = "messages") -> MediaProblem | None:
+def messages_media_problem(
+    messages: Any, policy: MediaPolicy | None = None, *, field: str = "messages"
+) -> MediaProblem | None:
     """The first content part of ``messages`` that `policy` does not allow; None if there is none.
 
     A message's content may be a string, or a list of parts (strings, or objects with a ``type``). A value that
-    is not a list of message objects is not this check's to judge (the record's shape checks say so).
+    is not a list of message objects is not this check's to judge (the record's shape checks say so). Without a
+    `policy`, the configured one for a model taking every kind of media, read only once a list of parts is met:
+    most records hold none, and the planner checks millions.
     """
     if not isinstance(messages, list):
         return None
@@ -101,6 +105,7 @@ def messages_media_problem(messages: Any, policy: MediaPolicy, *, field: str = "
         content = message.get("content") if isinstance(message, dict) else None
         if content is None or isinstance(content, str):
             continue
+        policy = policy or MediaPolicy.configured()
         where = f"{field}[{number}].content"
         if not isinstance(content, list):
             return MediaProblem(where, f"{where} must be a string or a list of content parts, not {_kind(content)}")
@@ -124,7 +129,7 @@ def require_fetch_free(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The slot's check, with every modality allowed: raises ValueError naming the part otherwise, which errors
     the record alone.
     """
-    problem = messages_media_problem(messages, MediaPolicy.configured())
+    problem = messages_media_problem(messages)
     if problem is not None:
         raise ValueError(problem.message)
     return messages

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpuworkers.engines.base import is_token_array
-from gpuworkers.engines.media import MediaPolicy, MediaProblem, messages_media_problem
+from gpuworkers.engines.media import MediaProblem, messages_media_problem
 from portal.openai_api.formats.endpoints import EMBEDDING_ENCODINGS, RESPONSES, BatchEndpoint, endpoint_for
 from tasks.shared.formats.records import input_problem
 
@@ -306,11 +306,8 @@ class _RequestChecker:
     def _check_media(self, model: str, messages: list[Any]) -> None:
         """Refuse a content part the model may not be given, or one a slot would have to fetch."""
         field = f"body.{self.endpoint.request_field}"
-        if self.media_problem is not None:
-            problem = self.media_problem(model, messages, field)
-        else:
-            problem = messages_media_problem(messages, MediaPolicy.configured(), field=field)
-        if problem is not None:
+        media_problem = self.media_problem or (lambda _, messages, field: messages_media_problem(messages, field=field))
+        if (problem := media_problem(model, messages, field)) is not None:
             raise _BadLine("invalid_input", problem.message, problem.where)
 
     def _custom_id(self, line: int, custom_id: Any) -> str:

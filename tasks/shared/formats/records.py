@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuworkers.engines.base import is_token_array
-from gpuworkers.engines.media import MediaPolicy, messages_media_problem
+from gpuworkers.engines.media import messages_media_problem
 
 # The field each task reads from a record; the names follow the bodies of OpenAI's endpoints so an
 # OpenAI request body is also a valid record.
@@ -50,7 +50,7 @@ def input_problem(input_field: str, value: Any) -> str | None:
         for number, message in enumerate(value, 1):
             if not isinstance(message, dict):
                 return f"{input_field} must hold message objects; message {number} is {_json_kind(message)}"
-        problem = messages_media_problem(value, MediaPolicy.configured(), field=input_field)
+        problem = messages_media_problem(value, field=input_field)
         return None if problem is None else problem.message
     if input_field == TASK_INPUT_FIELDS["embed"] and isinstance(value, list):
         return _texts_problem(input_field, value)
