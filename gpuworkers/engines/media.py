@@ -17,14 +17,13 @@ part); the slot judges every conversation again before vLLM's parser sees it, wi
 from __future__ import annotations
 
 import inspect
-import ipaddress
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.shared.config import MAX_MEDIA_BYTES, MAX_MEDIA_RECORD_BYTES, MEDIA_ALLOWED_HOSTS
+from tasks.shared.config import MAX_MEDIA_BYTES, MAX_MEDIA_RECORD_BYTES, MEDIA_ALLOWED_HOSTS, is_host_name
 
 TEXT_PART_TYPES = frozenset({"text"})
 """Content parts of text alone: always taken."""
@@ -69,7 +68,7 @@ class MediaPolicy:
         """The operator's bounds and hosts, for a model accepting `modalities` (every kind: the slot's check)."""
         return cls(
             modalities=frozenset(modalities),
-            allowed_hosts=frozenset(host.lower() for host in MEDIA_ALLOWED_HOSTS.read() if _is_host_name(host)),
+            allowed_hosts=frozenset(MEDIA_ALLOWED_HOSTS.read()),
             max_part_bytes=MAX_MEDIA_BYTES.read(),
             max_record_bytes=MAX_MEDIA_RECORD_BYTES.read(),
         )
@@ -243,22 +242,9 @@ def _https_host(url: str) -> str | None:
     except ValueError:
         return None
     host = (parts.hostname or "").lower()
-    if parts.username is not None or port not in (None, 443) or not _is_host_name(host):
+    if parts.username is not None or port not in (None, 443) or not is_host_name(host):
         return None
     return host
-
-
-def _is_host_name(host: str) -> bool:
-    """A DNS name, not an IP address: an operator lists names, and a listed address could be a private one."""
-    if not host or ":" in host:
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        # A last label of digits alone (``2130706433``, ``0x7f.1``) is no name either: resolvers read it as an address.
-        last = host.rstrip(".").rsplit(".", 1)[-1]
-        return not (last.isdigit() or last.lower().startswith("0x"))
-    return False
 
 
 def _kind(value: Any) -> str:

@@ -6,11 +6,23 @@ so reliability settings (visibility timeout, acks, prefetch) are identical every
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, float_var, int_var, list_var, str_var
+from tasks.shared.env import (
+    EnvVar,
+    ImproperlyConfiguredEnv,
+    declare,
+    env_bool,
+    env_int,
+    float_var,
+    int_var,
+    list_var,
+    str_var,
+)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROL_QUEUE = "control"
@@ -360,12 +372,38 @@ MAX_MEDIA_RECORD_BYTES = int_var(
     default_text="16 MiB",
     doc="The most bytes of media all the messages of one chat record may hold together.",
 )
-MEDIA_ALLOWED_HOSTS = list_var(
-    "BATCHERY_MEDIA_ALLOWED_HOSTS",
-    doc=(
+
+
+def is_host_name(host: str) -> bool:
+    """A DNS name, not an IP address in any spelling resolvers take (``2130706433``, ``0x7f.1``, ``[::1]``)."""
+    if not host or ":" in host or host.startswith("["):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return not re.fullmatch(r"(0x[0-9a-f]*|[0-9]+)", host.rstrip(".").rsplit(".", 1)[-1], re.IGNORECASE)
+    return False
+
+
+def _media_hosts(name: str, raw: str) -> list[str]:
+    hosts = [host.strip().lower() for host in raw.split(",") if host.strip()]
+    if addresses := [host for host in hosts if not is_host_name(host)]:
+        # A listed address could be a private or a metadata one; a name is the operator's to keep public.
+        raise ImproperlyConfiguredEnv(
+            f"{name} lists {', '.join(addresses)}: media hosts are DNS names, never addresses"
+        )
+    return hosts
+
+
+MEDIA_ALLOWED_HOSTS = declare(
+    EnvVar[list[str]](
+        "BATCHERY_MEDIA_ALLOWED_HOSTS",
+        "list",
+        [],
         "Host names (exact, comma-separated; no IP addresses) whose `https://` media URLs chat records may give, "
-        "fetched by the GPU host without following redirects; unset, only `data:` URLs are taken."
-    ),
+        "fetched by the GPU host without following redirects; unset, only `data:` URLs are taken.",
+        _media_hosts,
+    )
 )
 # A `json_schema` (a response_format's, or the tools' a reply is decoded to) is compiled into a grammar on the
 # shared slot; its cost grows with these.

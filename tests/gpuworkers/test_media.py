@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuworkers.engines.media import MODALITIES, MediaPolicy, messages_media_problem
+from tasks.shared.env import ImproperlyConfiguredEnv
 
 IMAGES = MediaPolicy(
     modalities=frozenset({"text", "image"}), allowed_hosts=frozenset(), max_part_bytes=100, max_record_bytes=150
@@ -74,9 +75,18 @@ def test_an_https_url_on_a_listed_host_is_taken_and_nothing_else() -> None:
         assert message is not None and "an https:// URL on images.example.com" in message, refused
 
 
-def test_an_operator_cannot_list_an_address_only_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "169.254.169.254, 127.0.0.1, ::1, 2130706433, media.example.com")
-    assert MediaPolicy.configured().allowed_hosts == frozenset({"media.example.com"})
+def test_an_operator_lists_names_and_a_listed_address_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "Media.Example.com, cdn.example.org")
+    assert MediaPolicy.configured().allowed_hosts == frozenset({"media.example.com", "cdn.example.org"})
+    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "169.254.169.254, [::1], 2130706433, 0x7f.1, media.example.com")
+    with pytest.raises(ImproperlyConfiguredEnv) as refused:
+        MediaPolicy.configured()
+    assert str(refused.value) == (
+        "BATCHERY_MEDIA_ALLOWED_HOSTS lists 169.254.169.254, [::1], 2130706433, 0x7f.1: media hosts are DNS names, "
+        "never addresses"
+    )
 
 
 def test_an_inline_image_is_taken_within_the_bound_of_a_part_and_of_a_record() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.media import NO_MEDIA_HOST
+from tasks.shared.env import ImproperlyConfiguredEnv
 from tests.gpuworkers.test_vllm_engine import FakeLLM, fake_vllm, loaded  # noqa: F401 (fake_vllm: a fixture)
 from tests.support.media import Listener
 from tests.support.vllm_standins import vllm_spec
@@ -122,8 +123,11 @@ def test_an_operators_media_hosts_are_the_only_domains_vllm_may_fetch_from(
             pass
 
     fake_vllm.EngineArgs = EngineArgs  # type: ignore[attr-defined]
-    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "images.example.com,10.0.0.1")
+    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "images.example.com")
 
     _, llm = loaded(vllm_spec(tmp_path, task="chat"))
 
     assert llm.kwargs["allowed_media_domains"] == ["images.example.com"]
+    monkeypatch.setenv("BATCHERY_MEDIA_ALLOWED_HOSTS", "images.example.com,10.0.0.1")
+    with pytest.raises(ImproperlyConfiguredEnv, match=r"lists 10\.0\.0\.1"):
+        loaded(vllm_spec(tmp_path, task="chat"))
