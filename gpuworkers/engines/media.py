@@ -25,8 +25,9 @@ from urllib.parse import urlsplit
 
 from tasks.shared.config import MAX_MEDIA_BYTES, MAX_MEDIA_RECORD_BYTES, MEDIA_ALLOWED_HOSTS, is_host_name
 
-TEXT_PART_TYPES = frozenset({"text"})
-"""Content parts of text alone: always taken."""
+TEXT_PART_TYPES: dict[str, str] = {"text": "text", "refusal": "refusal"}
+"""Content parts of text alone, always taken, and the field that holds their text (an assistant turn sent back
+may hold OpenAI's ``refusal`` parts)."""
 
 MEDIA_PART_MODALITIES: dict[str, str] = {
     "image_url": "image",
@@ -82,9 +83,6 @@ class MediaProblem:
     """The part, e.g. ``messages[0].content[1]``."""
     message: str
     """What is wrong, for a person, starting with `where`."""
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def messages_media_problem(
@@ -175,14 +173,14 @@ def _part_problem(part: Any, where: str, policy: MediaPolicy) -> tuple[MediaProb
         # vLLM guesses a part's type from its keys where none is given; nothing here is left to a guess.
         return MediaProblem(where, f"{where} must name its type ('type': 'text', 'image_url', ...)"), 0
     if kind in TEXT_PART_TYPES:
-        if not isinstance(part.get("text"), str):
-            return MediaProblem(where, f"{where} is a text part whose 'text' must be a string"), 0
+        if not isinstance(part.get(TEXT_PART_TYPES[kind]), str):
+            return MediaProblem(where, f"{where} is a {kind} part whose {TEXT_PART_TYPES[kind]!r} must be a string"), 0
         return None, 0
     if kind in REFUSED_PART_TYPES:
         return MediaProblem(where, f"{where} is of type {kind!r}, which is not served: {REFUSED_PART_TYPES[kind]}"), 0
     modality = MEDIA_PART_MODALITIES.get(kind)
     if modality is None:
-        known = ", ".join(sorted(TEXT_PART_TYPES | MEDIA_PART_MODALITIES.keys()))
+        known = ", ".join(sorted([*TEXT_PART_TYPES, *MEDIA_PART_MODALITIES]))
         return MediaProblem(where, f"{where} has type {kind!r}, which is not a content part served here ({known})"), 0
     if modality not in policy.modalities:
         accepted = ", ".join(sorted(policy.modalities | {"text"}))

@@ -141,5 +141,6 @@ def test_text_in_any_shape_is_always_taken() -> None:
         {"role": "system", "content": "s"},
         {"role": "user", "content": ["a plain string part", {"type": "text", "text": "t"}]},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
     ]
     assert messages_media_problem(messages, policy) is None
