@@ -68,6 +68,7 @@ class _CatalogChecks:
     def __init__(self, tenant: Tenant) -> None:
         self._tenant = tenant
         self._models: dict[str, Model | None] = {}
+        self._media: dict[str, MediaPolicy] = {}
 
     def _model(self, name: str) -> Model | None:
         if name not in self._models:
@@ -83,9 +84,10 @@ class _CatalogChecks:
         return None if model is None else model.dimensions_problem(dimensions)
 
     def media_problem(self, name: str, messages: list[Any], field: str) -> MediaProblem | None:
-        model = self._model(name)
-        modalities = MODALITIES if model is None else model.input_modalities
-        return messages_media_problem(messages, MediaPolicy.configured(modalities), field=field)
+        if name not in self._media:
+            model = self._model(name)
+            self._media[name] = MediaPolicy.configured(MODALITIES if model is None else model.input_modalities)
+        return messages_media_problem(messages, self._media[name], field=field)
 
     def params_problem(self, name: str, params: Mapping[str, Any]) -> tuple[str, str] | None:
         model = self._model(name)
