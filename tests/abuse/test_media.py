@@ -114,12 +114,7 @@ def test_media_urls_naming_private_addresses_are_refused_on_every_api_and_never_
                     [error] = batch["errors"]["data"]
                     assert error["line"] == 9 and error["param"].startswith("body.messages[0].content[1]"), error
 
-                    source = (
-                        {"type": "url", "url": url}
-                        if url.startswith("http")
-                        else {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
-                    )
-                    block = {"type": "image", "source": source}
+                    block = {"type": "image", "source": {"type": "url", "url": url}}
                     content = [{"type": "text", "text": "hi"}, block]
                     params = {"model": vision_chat, "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
                     anthropic = client.post(
@@ -128,7 +123,10 @@ def test_media_urls_naming_private_addresses_are_refused_on_every_api_and_never_
                         headers={"anthropic-version": "2023-06-01"},
                     )
                     assert anthropic.status_code == 400, anthropic.text
-                    assert anthropic.json()["error"]["message"].startswith("requests.0.params.messages.0.content.1")
+                    message = anthropic.json()["error"]["message"]
+                    assert message.startswith(
+                        "requests.0.params.messages.0.content.1.source.type: image sources of type 'url'"
+                    )
         assert listener.paths == [], listener.paths
         return (
             f"{rounds * len(addresses(listener))} x 3 APIs: REST 400 (line 2), OpenAI batch failed (line 9), "

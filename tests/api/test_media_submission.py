@@ -14,6 +14,7 @@ import pytest
 from portal.anthropic_api.models import MessageBatch
 from portal.catalog.models import Model
 from portal.jobs.models import Job
+from tasks.shared.storage import store_for
 from tests.api.conftest import Caller
 from tests.factories import ModelFactory
 
@@ -156,30 +157,66 @@ def test_openai_batches_refuse_media_the_model_does_not_take_and_take_it_where_i
     assert openai_batch(alice, [body])["status"] != "failed"
 
 
-@pytest.mark.parametrize(
-    "block",
-    [
-        {"type": "image", "source": {"type": "url", "url": METADATA}},
-        {"type": "document", "source": {"type": "url", "url": "http://127.0.0.1:8000/"}},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
-    ],
-)
-def test_anthropic_batches_refuse_media_blocks_naming_the_request_and_block(
-    caller: Callable[..., Caller], vision_chat: Model, block: dict[str, Any]
-) -> None:
-    client = caller("acme").client
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {caller('acme-2').key}", HTTP_ANTHROPIC_VERSION="2023-06-01")
-    body = {
-        "model": "vision-chat",
-        "max_tokens": 8,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, block]}],
-    }
+def anthropic_batch(caller: Caller, content: list[dict[str, Any]], system: str | None = None) -> Any:
+    client = caller.client
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {caller.key}", HTTP_ANTHROPIC_VERSION="2023-06-01")
+    body: dict[str, Any] = {"model": "vision-chat", "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+    if system is not None:
+        body["system"] = system
+    return client.post("/v1/messages/batches", {"requests": [{"custom_id": "a", "params": body}]}, format="json")
 
-    response = client.post("/v1/messages/batches", {"requests": [{"custom_id": "a", "params": body}]}, format="json")
 
+def refusal(response: Any) -> str:
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
-    assert error["message"].startswith("requests.0.params.messages.0.content.1")
-    assert f"content blocks of type {block['type']!r} are not served here" in error["message"]
     assert not MessageBatch.objects.exists() and not Job.objects.exists()
+    return str(error["message"])
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        (
+            {"type": "image", "source": {"type": "url", "url": METADATA}},
+            "requests.0.params.messages.0.content.1.source.type: image sources of type 'url' are not served here: "
+            "GPU hosts fetch nothing a request names",
+        ),
+        (
+            {"type": "document", "source": {"type": "url", "url": "http://127.0.0.1:8000/"}},
+            "requests.0.params.messages.0.content.1.type: content blocks of type 'document' are not served here",
+        ),
+    ],
+)
+def test_anthropic_batches_refuse_media_by_url_and_documents_naming_the_request_and_block(
+    caller: Callable[..., Caller], vision_chat: Model, block: dict[str, Any], expected: str
+) -> None:
+    Model.objects.filter(pk=vision_chat.pk).update(input_modalities=["text", "image"])
+    response = anthropic_batch(caller("acme"), [{"type": "text", "text": "What is it?"}, block])
+    assert refusal(response).startswith(expected)
+
+
+def test_anthropic_batches_take_an_inline_image_only_for_a_model_that_takes_images(
+    caller: Callable[..., Caller], vision_chat: Model
+) -> None:
+    alice = caller("acme")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    content = [{"type": "text", "text": "What is it?"}, image]
+
+    message = refusal(anthropic_batch(alice, content, system="Be brief."))
+    assert message == (
+        "requests.0.params.messages.0.content.1: is image input ('image_url'), which this model does not accept; "
+        "it takes text"
+    )
+
+    Model.objects.filter(pk=vision_chat.pk).update(input_modalities=["text", "image"])
+    accepted = anthropic_batch(alice, content, system="Be brief.")
+    assert accepted.status_code == 200, accepted.content
+    job = MessageBatch.objects.get().job
+    assert job is not None
+    with store_for(job.input_uri).open_read(job.input_uri) as source:
+        [record] = [json.loads(line) for line in source]
+    assert record["messages"][1]["content"] == [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
