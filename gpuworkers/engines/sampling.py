@@ -8,10 +8,17 @@ each record that samples under a job's seed a seed of its own (`record_seed`).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.shared.config import MAX_N, MAX_OUTPUT_TOKENS
+from tasks.shared.config import (
+    MAX_JSON_SCHEMA_BYTES,
+    MAX_JSON_SCHEMA_DEPTH,
+    MAX_JSON_SCHEMA_PROPERTIES,
+    MAX_N,
+    MAX_OUTPUT_TOKENS,
+)
 
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's limit, and vLLM's default one)."""
@@ -45,6 +52,10 @@ class ParamError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SchemaTooLarge(ParamError):
+    """A JSON schema over this platform's bounds (`check_schema_bounds`)."""
 
 
 def sampling_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,7 +127,53 @@ def structured_output(params: Mapping[str, Any]) -> dict[str, Any] | None:
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ParamError("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean")
+    check_schema_bounds("response_format.json_schema.schema", schema)
     return {"json": dict(schema)}
+
+
+def check_schema_bounds(field: str, schema: Any) -> None:
+    """Raise `ParamError` naming `field` where a JSON schema is larger than a shared slot compiles.
+
+    vLLM compiles each schema into a grammar on the slot, and neither it nor its grammar backends bound the
+    time that takes; the schema's size (``BATCHERY_MAX_JSON_SCHEMA_BYTES``), nesting depth
+    (``BATCHERY_MAX_JSON_SCHEMA_DEPTH``) and number of properties (``BATCHERY_MAX_JSON_SCHEMA_PROPERTIES``) are
+    what that time grows with. Checked at submission and again on the slot before vLLM sees the schema.
+    """
+    size_limit, depth_limit, properties_limit = (
+        MAX_JSON_SCHEMA_BYTES.read(),
+        MAX_JSON_SCHEMA_DEPTH.read(),
+        MAX_JSON_SCHEMA_PROPERTIES.read(),
+    )
+    # Walked without recursion, so that a schema nested thousands deep is measured, not a RecursionError.
+    properties = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > depth_limit:
+            raise SchemaTooLarge(
+                field,
+                f"{field} nests deeper than {depth_limit} levels, this platform's limit "
+                "(BATCHERY_MAX_JSON_SCHEMA_DEPTH)",
+            )
+        if isinstance(value, Mapping):
+            named = value.get("properties")
+            if isinstance(named, Mapping):
+                properties += len(named)
+                if properties > properties_limit:
+                    raise SchemaTooLarge(
+                        field,
+                        f"{field} has more than {properties_limit} properties, this platform's limit "
+                        "(BATCHERY_MAX_JSON_SCHEMA_PROPERTIES)",
+                    )
+            stack.extend((item, depth + 1) for item in value.values() if isinstance(item, Mapping | list))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value if isinstance(item, Mapping | list))
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > size_limit:
+        raise SchemaTooLarge(
+            field,
+            f"{field} is {size} bytes, over this platform's limit of {size_limit} (BATCHERY_MAX_JSON_SCHEMA_BYTES)",
+        )
 
 
 def is_int(value: Any) -> bool:

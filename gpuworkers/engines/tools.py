@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuworkers.engines.sampling import ParamError, structured_output
+from gpuworkers.engines.sampling import ParamError, SchemaTooLarge, check_schema_bounds, structured_output
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for a function's name."""
@@ -85,14 +85,7 @@ def tool_calls(params: Mapping[str, Any], *, tool_parser: str | None = None) -> 
     if choice == "none":
         return None
     if choice == "required":
-        schema: dict[str, Any] = {
-            "type": "array",
-            "minItems": 1,
-            "items": {"anyOf": [_call_schema(tool["function"]) for tool in checked]},
-        }
-        if parallel is False:
-            schema["maxItems"] = 1
-        return ToolCalls(tools=checked, schema=schema, named=None)
+        return ToolCalls(tools=checked, schema=_required_schema(checked, parallel=parallel), named=None)
     name = _named_function(choice)
     chosen = next((tool["function"] for tool in checked if tool["function"]["name"] == name), None)
     if chosen is None:
@@ -108,7 +101,41 @@ def reply_format(params: Mapping[str, Any], calls: ToolCalls | None) -> dict[str
         return structured
     if structured is not None:
         raise ParamError("response_format", "response_format cannot be asked beside tool calls: both shape the reply")
-    return None if calls.schema is None else {"json": calls.schema}
+    if calls.schema is None:
+        return None
+    # The tools' schemas are compiled together, into the grammar the reply is held to.
+    check_schema_bounds("tools", calls.schema)
+    return {"json": calls.schema}
+
+
+def check_reply_schema_bounds(params: Mapping[str, Any]) -> None:
+    """Raise `SchemaTooLarge` where a schema ``params`` give is over this platform's bounds: their
+    ``response_format``'s, or their tools' (as ``tool_choice`` ``required`` holds a reply to all of them, the
+    largest schema they make). For a record's own params, judged alone; their other faults are the engine's."""
+    try:
+        structured_output(params)
+    except SchemaTooLarge:
+        raise
+    except ParamError:
+        pass
+    try:
+        checked = _checked_tools(params["tools"]) if params.get("tools") is not None else ()
+    except ParamError:
+        return
+    if checked:
+        check_schema_bounds("tools", _required_schema(checked, parallel=None))
+
+
+def _required_schema(tools: Sequence[Mapping[str, Any]], *, parallel: bool | None) -> dict[str, Any]:
+    """The schema of a reply of one or more calls of these tools."""
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"anyOf": [_call_schema(tool["function"]) for tool in tools]},
+    }
+    if parallel is False:
+        schema["maxItems"] = 1
+    return schema
 
 
 def _checked_tools(tools: Any) -> tuple[dict[str, Any], ...]:

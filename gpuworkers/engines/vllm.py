@@ -30,6 +30,7 @@ import numpy as np
 
 from gpuworkers import settings
 from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, require_embedding_inputs
+from gpuworkers.engines.media import confine_media_fetches, require_fetch_free
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
@@ -106,6 +107,7 @@ class VllmEngine:
             # a system prompt or few-shot preamble have it computed once. A catalog entry may still say false.
             kwargs["enable_prefix_caching"] = True
         kwargs.update(engine_kwargs(self.spec.load_params))
+        kwargs.update(confine_media_fetches(vllm))
         kwargs["model"] = str(resolve_model_source(self.spec.source))
         # Found before the model loads: a name vLLM does not know fails at once, holding no GPU memory.
         parser_name = self.spec.load_params.get("tool_call_parser")
@@ -151,7 +153,7 @@ class VllmEngine:
         kwargs = [sampling_kwargs(own) for own in params]
         chat = self.spec.task == "chat"
         calls = [tool_calls(own, tool_parser=self._tool_parser_name) if chat else None for own in params]
-        conversations = [require_messages(item) for item in items] if chat else []
+        conversations = [require_fetch_free(require_messages(item)) for item in items] if chat else []
         # tool_choice auto: the request the model's tool parser reads the reply against, one per prompt.
         requests: list[Any] = [None] * len(items)
         for index, call in enumerate(calls):

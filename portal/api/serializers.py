@@ -284,6 +284,12 @@ class CatalogModelSerializer(serializers.ModelSerializer):
         help_text="Embedding sizes the model was trained for (Matryoshka); jobs may ask for `dimensions` up to the "
         "largest. Empty: its embeddings cannot be shortened.",
     )
+    input_modalities = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Kinds of input the model takes in chat messages (text, image, audio, video); a record's media "
+        "parts must be of these kinds.",
+    )
 
     class Meta:
         model = Model
@@ -299,6 +305,7 @@ class CatalogModelSerializer(serializers.ModelSerializer):
             "gpus_per_replica",
             "default_params",
             "matryoshka_dimensions",
+            "input_modalities",
             "is_default",
         ]
         read_only_fields = fields

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from gpuworkers.engines.media import MODALITIES
 from gpuworkers.spec import AdapterSpec, ModelSpec
 from portal.catalog.money import ZERO, validate_currency
 
@@ -23,6 +24,18 @@ def validate_matryoshka_dimensions(value: Any) -> None:
         raise ValidationError("Matryoshka dimensions must be a list of positive whole numbers, e.g. [768, 256, 64].")
     if len(set(value)) != len(value):
         raise ValidationError("Matryoshka dimensions must not repeat a size.")
+
+
+def validate_input_modalities(value: Any) -> None:
+    """A list of distinct kinds of input from `MODALITIES`, text among them."""
+    if not isinstance(value, list) or not all(isinstance(kind, str) and kind in MODALITIES for kind in value):
+        raise ValidationError(f'Input modalities must be a list of {", ".join(MODALITIES)}, e.g. ["text", "image"].')
+    if "text" not in value or len(set(value)) != len(value):
+        raise ValidationError("Input modalities must include text, and name each kind once.")
+
+
+def text_only() -> list[str]:
+    return ["text"]
 
 
 class GpuClass(models.Model):
@@ -73,6 +86,15 @@ class Model(models.Model):
             "Embedding models trained with Matryoshka representation learning: the sizes trained for, the largest "
             "being the full embedding's, e.g. [768, 512, 256, 128, 64]. Requests may then ask for `dimensions` up to "
             "the largest; empty: the model's embeddings cannot be shortened."
+        ),
+    )
+    input_modalities = models.JSONField(
+        default=text_only,
+        validators=[validate_input_modalities],
+        help_text=(
+            "Kinds of input the model takes in chat messages: text, and image, audio or video for a multimodal "
+            "model. Records may carry media parts of these kinds only, inline (data: URLs) within "
+            "BATCHERY_MAX_MEDIA_BYTES, or as https URLs on BATCHERY_MEDIA_ALLOWED_HOSTS."
         ),
     )
     is_default = models.BooleanField(default=False)

@@ -63,6 +63,7 @@ from portal.execution.shard_writer import ShardWriter
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.quota import RecordsOverQuota, input_limits, records_room
+from portal.jobs.record_checks import record_checks
 from portal.jobs.storage_layout import job_root
 from portal.jobs.transitions import job_fail, job_transition
 from tasks.shared.config import LEASE_TTL_S
@@ -316,7 +317,7 @@ def _cut_shards(
             check=check,
             max_problems=max_problems,
             position=position,
-            record_problem=adapters.record_problem,
+            record_problem=record_checks(job.model, adapters),
         ):
             if adapters.added:
                 # Saved before the record's shard gets its row: every shard sent carries the adapters it names.

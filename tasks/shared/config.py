@@ -6,11 +6,23 @@ so reliability settings (visibility timeout, acks, prefetch) are identical every
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 from kombu import Exchange, Queue
 
-from tasks.shared.env import ImproperlyConfiguredEnv, env_bool, env_int, float_var, int_var, list_var, str_var
+from tasks.shared.env import (
+    EnvVar,
+    ImproperlyConfiguredEnv,
+    declare,
+    env_bool,
+    env_int,
+    float_var,
+    int_var,
+    list_var,
+    str_var,
+)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROL_QUEUE = "control"
@@ -343,6 +355,76 @@ MAX_OUTPUT_TOKENS = int_var(
     32768,
     minimum=1,
     doc="The most tokens (`max_tokens`, `max_completion_tokens`) one request may ask to generate.",
+)
+# Media in chat messages: checked at submission against the model's catalog entry, and again on the slot
+# before vLLM's chat parser, which would fetch any URL it is given from the GPU host.
+MAX_MEDIA_BYTES = int_var(
+    "BATCHERY_MAX_MEDIA_BYTES",
+    8 * 1024 * 1024,
+    minimum=1,
+    default_text="8 MiB",
+    doc="The most bytes one media part of a chat message may hold (its `data:` URL or base64 data, as written).",
+)
+MAX_MEDIA_RECORD_BYTES = int_var(
+    "BATCHERY_MAX_MEDIA_RECORD_BYTES",
+    16 * 1024 * 1024,
+    minimum=1,
+    default_text="16 MiB",
+    doc="The most bytes of media all the messages of one chat record may hold together.",
+)
+
+
+def is_host_name(host: str) -> bool:
+    """A DNS name, not an IP address in any spelling resolvers take (``2130706433``, ``0x7f.1``, ``[::1]``)."""
+    if not host or ":" in host or host.startswith("["):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return not re.fullmatch(r"(0x[0-9a-f]*|[0-9]+)", host.rstrip(".").rsplit(".", 1)[-1], re.IGNORECASE)
+    return False
+
+
+def _media_hosts(name: str, raw: str) -> list[str]:
+    hosts = [host.strip().lower() for host in raw.split(",") if host.strip()]
+    if addresses := [host for host in hosts if not is_host_name(host)]:
+        # A listed address could be a private or a metadata one; a name is the operator's to keep public.
+        raise ImproperlyConfiguredEnv(
+            f"{name} lists {', '.join(addresses)}: media hosts are DNS names, never addresses"
+        )
+    return hosts
+
+
+MEDIA_ALLOWED_HOSTS = declare(
+    EnvVar[list[str]](
+        "BATCHERY_MEDIA_ALLOWED_HOSTS",
+        "list",
+        [],
+        "Host names (exact, comma-separated; no IP addresses) whose `https://` media URLs chat records may give, "
+        "fetched by the GPU host without following redirects; unset, only `data:` URLs are taken.",
+        _media_hosts,
+    )
+)
+# A `json_schema` (a response_format's, or the tools' a reply is decoded to) is compiled into a grammar on the
+# shared slot; its cost grows with these.
+MAX_JSON_SCHEMA_BYTES = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_BYTES",
+    64 * 1024,
+    minimum=2,
+    default_text="64 KiB",
+    doc="The most bytes (compact JSON) of the schema a request's structured output or tools are decoded to.",
+)
+MAX_JSON_SCHEMA_DEPTH = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_DEPTH",
+    32,
+    minimum=1,
+    doc="The deepest nesting of objects and arrays in such a schema, the schema itself being the first level.",
+)
+MAX_JSON_SCHEMA_PROPERTIES = int_var(
+    "BATCHERY_MAX_JSON_SCHEMA_PROPERTIES",
+    1000,
+    minimum=1,
+    doc="The most properties (the names under every `properties` of it, all levels together) such a schema may have.",
 )
 # Compressed inputs (gzip, zstd) are read through `tasks.shared.formats.compression.decompressed`,
 # which stops at these: a few hundred KB may otherwise expand into gigabytes in a request or on the

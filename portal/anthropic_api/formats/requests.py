@@ -3,9 +3,11 @@ record and the chat engine's params.
 
 A message batch runs as a Batchery job of task ``chat``: each request becomes a record ``{"custom_id",
 "messages"}`` in OpenAI's message shape (the engines' own), and its params are renamed to the engine's
-(``stop_sequences`` to ``stop``, Anthropic's ``tools`` and ``tool_choice`` to OpenAI's). Only text is
-served: a content block of any other type (images, documents, tool results) is refused naming it, and so is
-a Messages API param this conversion does not know, rather than dropped. Whether the engine of the model
+(``stop_sequences`` to ``stop``, Anthropic's ``tools`` and ``tool_choice`` to OpenAI's). Text is served, and
+images given inline (``source`` of type ``base64``), which become OpenAI's ``image_url`` parts with a ``data:``
+URL for the caller to judge against the model (`gpuworkers.engines.media`); an image by URL (GPU hosts fetch
+nothing a request names) and a content block of any other type (documents, tool results) are refused naming
+it, and so is a Messages API param this conversion does not know, rather than dropped. Whether the engine of the model
 can honour the converted params is judged by the caller (`check_request_params`), whose field names
 `anthropic_field` turns back into the request's.
 """
@@ -51,6 +53,11 @@ ROLES = ("user", "assistant")
 TEXT_BLOCK_FIELDS = frozenset({"type", "text", "cache_control", "citations"})
 """A text block's fields; ``cache_control`` changes nothing here (no prompt cache), ``citations`` must be empty."""
 
+IMAGE_BLOCK_FIELDS = frozenset({"type", "source", "cache_control"})
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+"""The ``media_type``s of an image block Anthropic takes."""
+
 TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
 
 TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
@@ -80,7 +87,8 @@ class ChatRequest:
     model: str
     """The model the request names, as given."""
     messages: list[dict[str, Any]]
-    """The conversation in the chat engine's shape: the system prompt first, string contents."""
+    """The conversation in the chat engine's shape: the system prompt first; string contents, or a turn's
+    content parts block for block where it holds images."""
     params: dict[str, Any]
     """The chat engine's params: ``max_tokens``, and the optional ones the request gives."""
 
@@ -125,6 +133,20 @@ def anthropic_field(engine_field: str) -> str:
     return engine_field
 
 
+_CONVERTED_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\]")
+
+
+def request_part(where: str, converted: ChatRequest) -> str:
+    """A content part's place in the converted conversation (``messages[2].content[1]``, as
+    `gpuworkers.engines.media` names it) as the request names its block (``params.messages.1.content.1``)."""
+    match = _CONVERTED_PART.match(where)
+    if match is None:
+        return "params.messages"
+    # Only the system prompt becomes a turn of role system, always the first.
+    offset = 1 if converted.messages[0]["role"] == "system" else 0
+    return f"params.messages.{int(match[1]) - offset}.content.{match[2]}"
+
+
 def _engine_params(params: Mapping[str, Any], version: str) -> dict[str, Any]:
     engine: dict[str, Any] = {"max_tokens": params["max_tokens"]}
     for name in SAMPLING_PARAMS:
@@ -155,31 +177,70 @@ def _engine_params(params: Mapping[str, Any], version: str) -> dict[str, Any]:
     return engine
 
 
-def _text(content: Any, field: str) -> str:
-    """A string, or a list of text blocks joined: the text a turn (or the system prompt) holds."""
+def _text(content: Any, field: str, *, images: bool = False) -> str:
+    """A string, or a list of text blocks joined: the text a turn (or the system prompt) holds; `images`: a turn
+    may hold image blocks too, which the refusal of another block says."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not content:
         raise RequestRefused(field, "must be a string or a non-empty list of text blocks")
-    texts = []
-    for index, block in enumerate(content):
-        where = f"{field}.{index}"
-        if not isinstance(block, Mapping):
-            raise RequestRefused(where, 'must be a content block {"type": "text", "text": ...}')
-        if block.get("type") != "text":
-            raise RequestRefused(
-                f"{where}.type",
-                f"content blocks of type {block.get('type')!r} are not served here; only 'text' blocks are",
-            )
-        unknown = sorted(set(block) - TEXT_BLOCK_FIELDS)
-        if unknown:
-            raise RequestRefused(f"{where}.{unknown[0]}", "Extra inputs are not permitted")
-        if block.get("citations"):
-            raise RequestRefused(f"{where}.citations", "citations are not served here; leave them out")
-        if not isinstance(block.get("text"), str):
-            raise RequestRefused(f"{where}.text", "must be a string")
-        texts.append(block["text"])
-    return "".join(texts)
+    return "".join(_text_block(block, f"{field}.{index}", images=images) for index, block in enumerate(content))
+
+
+def _content(content: Any, field: str) -> str | list[dict[str, Any]]:
+    """A turn's content: its text, or, where it holds image blocks, OpenAI's content parts block for block."""
+    if not isinstance(content, list) or not any(isinstance(block, Mapping) and _is_image(block) for block in content):
+        return _text(content, field, images=True)
+    return [
+        _image_part(block, f"{field}.{index}")
+        if _is_image(block)
+        else {"type": "text", "text": _text_block(block, f"{field}.{index}", images=True)}
+        for index, block in enumerate(content)
+    ]
+
+
+def _is_image(block: Mapping[str, Any]) -> bool:
+    return block.get("type") == "image"
+
+
+def _text_block(block: Any, where: str, *, images: bool) -> str:
+    if not isinstance(block, Mapping):
+        raise RequestRefused(where, 'must be a content block {"type": "text", "text": ...}')
+    if block.get("type") != "text":
+        served = "'text' blocks and inline 'image' blocks are" if images else "only 'text' blocks are"
+        raise RequestRefused(
+            f"{where}.type", f"content blocks of type {block.get('type')!r} are not served here; {served}"
+        )
+    unknown = sorted(set(block) - TEXT_BLOCK_FIELDS)
+    if unknown:
+        raise RequestRefused(f"{where}.{unknown[0]}", "Extra inputs are not permitted")
+    if block.get("citations"):
+        raise RequestRefused(f"{where}.citations", "citations are not served here; leave them out")
+    if not isinstance(block.get("text"), str):
+        raise RequestRefused(f"{where}.text", "must be a string")
+    return str(block["text"])
+
+
+def _image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An inline image block as OpenAI's ``image_url`` part of a ``data:`` URL; an image by URL is refused."""
+    unknown = sorted(set(block) - IMAGE_BLOCK_FIELDS)
+    if unknown:
+        raise RequestRefused(f"{where}.{unknown[0]}", "Extra inputs are not permitted")
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        raise RequestRefused(f"{where}.source", 'must be an object {"type": "base64", "media_type", "data"}')
+    if source.get("type") != "base64":
+        raise RequestRefused(
+            f"{where}.source.type",
+            f"image sources of type {source.get('type')!r} are not served here: GPU hosts fetch nothing a request "
+            "names; give the image inline, as a 'base64' source",
+        )
+    media_type, data = source.get("media_type"), source.get("data")
+    if media_type not in IMAGE_MEDIA_TYPES:
+        raise RequestRefused(f"{where}.source.media_type", f"must be one of {', '.join(IMAGE_MEDIA_TYPES)}")
+    if not isinstance(data, str) or not data:
+        raise RequestRefused(f"{where}.source.data", "must be the image's bytes in base64")
+    return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{data}"}}
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -202,7 +263,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
         unknown = sorted(set(message) - {"role", "content"})
         if unknown:
             raise RequestRefused(f"{where}.{unknown[0]}", "Extra inputs are not permitted")
-        converted.append({"role": message["role"], "content": _text(message.get("content"), f"{where}.content")})
+        converted.append({"role": message["role"], "content": _content(message.get("content"), f"{where}.content")})
     return converted
 
 

@@ -18,9 +18,16 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from gpuworkers.engines.media import MediaPolicy, messages_media_problem
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
-from portal.anthropic_api.formats.requests import ChatRequest, RequestRefused, anthropic_field, convert_request
+from portal.anthropic_api.formats.requests import (
+    ChatRequest,
+    RequestRefused,
+    anthropic_field,
+    convert_request,
+    request_part,
+)
 from portal.anthropic_api.models import MessageBatch
 from portal.anthropic_api.selectors import processing_status
 from portal.anthropic_api.storage import message_batch_input, message_batch_prefix
@@ -82,6 +89,8 @@ class _BatchWriter:
         self.count = 0
         self._custom_ids: dict[str, int] = {}
         self._runs_on: dict[str, Model] = {}
+        self._media: MediaPolicy | None = None
+        """What the batch's model may be given in its messages, once a request named it."""
 
     def record(self, index: int, request: Any) -> bytes:
         try:
@@ -95,6 +104,7 @@ class _BatchWriter:
                 field=f"requests.{index}.custom_id",
             )
         model = self._model(index, converted)
+        self._check_media(index, converted, model)
         try:
             check_request_params(model.engine, model.task, converted.params, tool_parser=model.tool_parser)
         except ParamError as exc:
@@ -109,6 +119,15 @@ class _BatchWriter:
             record["params"] = {**dict.fromkeys(self.params), **converted.params}
         self.count += 1
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+    def _check_media(self, index: int, converted: ChatRequest, model: Model) -> None:
+        """Refuse an image the model does not take, or one over the bounds (`gpuworkers.engines.media`)."""
+        if self._media is None:
+            self._media = MediaPolicy.configured(model.input_modalities)
+        problem = messages_media_problem(converted.messages, self._media)
+        if problem is not None:
+            message = problem.message.removeprefix(problem.where).lstrip()
+            raise MessageBatchRefused(message, field=f"requests.{index}.{request_part(problem.where, converted)}")
 
     def _model(self, index: int, converted: ChatRequest) -> Model:
         """The model the request runs on: the one it names, or the base model of the adapter it names."""

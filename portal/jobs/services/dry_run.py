@@ -44,6 +44,7 @@ from portal.jobs.budget import BudgetLine, budget_line
 from portal.jobs.cost_estimate import CostEstimate, cost_estimate
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
+from portal.jobs.record_checks import record_checks
 from portal.jobs.requests import JobRequest
 from portal.jobs.selectors import queue_jobs
 from portal.jobs.services.dry_run_budget import MeteredPosition, SampleBudget, SampleEnds
@@ -359,7 +360,7 @@ def _records(
         max_problems=settings.BATCHERY_MAX_REPORTED_PROBLEMS,
         position=position,
         limits=limits,
-        record_problem=adapters.record_problem,
+        record_problem=record_checks(job.model, adapters),
     )
     return records, position
 

@@ -17,10 +17,10 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from portal.jobs.adapters import JobAdapters
 from portal.jobs.budget import budget_reserve
 from portal.jobs.models import Job, JobEvent, JobStatus
 from portal.jobs.quota import input_limits, quota_reserve
+from portal.jobs.record_checks import record_checks
 from portal.jobs.requests import JobRequest
 from portal.jobs.services.dry_run import job_dry_run
 from portal.jobs.services.request_checks import InputCheck, input_errors, input_rejected, submission_request
@@ -74,11 +74,11 @@ def input_read(
 
 
 def _check_input(
-    input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant, adapters: JobAdapters
+    input_uri: str, *, input_field: str, options: InputOptions, tenant: Tenant, record_problem: RecordProblem
 ) -> InputCheck:
     limits = input_limits(tenant.pk)
     size, check = input_read(
-        input_uri, input_field=input_field, options=options, limits=limits, record_problem=adapters.record_problem
+        input_uri, input_field=input_field, options=options, limits=limits, record_problem=record_problem
     )
     if check is not None and not check.ok:
         raise input_rejected(check)
@@ -100,7 +100,11 @@ def job_submit(
     accepted = submission_request(tenant=tenant, request=request, input_roots=input_roots, task=task)
     adapters = accepted.adapters()
     checked = _check_input(
-        accepted.input_uri, input_field=accepted.input_field, options=accepted.options, tenant=tenant, adapters=adapters
+        accepted.input_uri,
+        input_field=accepted.input_field,
+        options=accepted.options,
+        tenant=tenant,
+        record_problem=record_checks(accepted.model, adapters),
     )
 
     low = _budget_low_estimate(tenant=tenant, request=request, input_roots=input_roots, task=task)

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpuworkers.engines.base import is_token_array
+from gpuworkers.engines.media import MediaProblem, messages_media_problem
 from portal.openai_api.formats.endpoints import EMBEDDING_ENCODINGS, RESPONSES, BatchEndpoint, endpoint_for
 from tasks.shared.formats.records import input_problem
 
@@ -41,6 +42,11 @@ ParamsCheck = Callable[[str, Mapping[str, Any]], tuple[str, str] | None]
 """``(model name, params) -> (field, message)``: the first of a request's params that the engine of the
 model the catalog holds under that name cannot honour, the message starting with the field's name; None
 if nothing (or no such model)."""
+
+MediaCheck = Callable[[str, list[Any], str], MediaProblem | None]
+"""``(model name, messages, field) -> problem``: the first content part of a chat request's messages that the
+model the catalog holds under that name may not be given (`gpuworkers.engines.media`), its place named from
+``field`` (``body.messages``); None if nothing (or no such model)."""
 
 BaseModel = Callable[[str], str | None]
 """``(model name) -> name``: the catalog model a request naming that model runs on: the model itself, or the
@@ -109,6 +115,7 @@ def convert_requests(
     dimensions_problem: DimensionsCheck | None = None,
     params_problem: ParamsCheck | None = None,
     base_model: BaseModel | None = None,
+    media_problem: MediaCheck | None = None,
 ) -> RequestConversion:
     """Check an OpenAI batch input file and write its requests to ``target`` as Batchery records.
 
@@ -127,9 +134,12 @@ def convert_requests(
     without it, params are not judged beyond what the conversion itself reads. ``base_model(model)`` says
     what each line's model runs on: lines may then name LoRA adapters of the batch's model (the job's model
     is their base; each such record keeps its adapter's name in ``model``); without it, every line must name
-    the same model.
+    the same model. ``media_problem(model, messages, field)`` judges a chat request's content parts against the
+    named model's accepted media; without it, parts of any kind of media are judged only on where they come from.
     """
-    checker = _RequestChecker(endpoint_for(endpoint), max_line_bytes, dimensions_problem, params_problem, base_model)
+    checker = _RequestChecker(
+        endpoint_for(endpoint), max_line_bytes, dimensions_problem, params_problem, base_model, media_problem
+    )
     result = RequestConversion()
     seen_line = False
     for line_no, raw in _numbered_lines(source, max_line_bytes):
@@ -215,12 +225,14 @@ class _RequestChecker:
         dimensions_problem: DimensionsCheck | None = None,
         params_problem: ParamsCheck | None = None,
         base_model: BaseModel | None = None,
+        media_problem: MediaCheck | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.max_line_bytes = max_line_bytes
         self.dimensions_problem = dimensions_problem
         self.params_problem = params_problem
         self.base_model = base_model
+        self.media_problem = media_problem
         self.reference: _Reference | None = None
         self._first_lines: dict[str, int] = {}
 
@@ -252,6 +264,8 @@ class _RequestChecker:
         named = body.get("model")
         model = self._model(named)
         value = _record_input(self.endpoint, body)
+        if self.endpoint.task == "chat":
+            self._check_media(model, value)
         params = {
             key: item
             for key, item in body.items()
@@ -288,6 +302,13 @@ class _RequestChecker:
         else:
             return
         raise _BadLine("invalid_param", message, "body.dimensions")
+
+    def _check_media(self, model: str, messages: list[Any]) -> None:
+        """Refuse a content part the model may not be given, or one a slot would have to fetch."""
+        field = f"body.{self.endpoint.request_field}"
+        media_problem = self.media_problem or (lambda _, messages, field: messages_media_problem(messages, field=field))
+        if (problem := media_problem(model, messages, field)) is not None:
+            raise _BadLine("invalid_input", problem.message, problem.where)
 
     def _custom_id(self, line: int, custom_id: Any) -> str:
         if not isinstance(custom_id, str) or not custom_id:

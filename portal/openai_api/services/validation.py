@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gpuworkers.engines.media import MODALITIES, MediaPolicy, MediaProblem, messages_media_problem
 from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
 from portal.catalog.models import Model
@@ -67,6 +68,7 @@ class _CatalogChecks:
     def __init__(self, tenant: Tenant) -> None:
         self._tenant = tenant
         self._models: dict[str, Model | None] = {}
+        self._media: dict[str, MediaPolicy] = {}
 
     def _model(self, name: str) -> Model | None:
         if name not in self._models:
@@ -80,6 +82,12 @@ class _CatalogChecks:
     def dimensions_problem(self, name: str, dimensions: Any) -> str | None:
         model = self._model(name)
         return None if model is None else model.dimensions_problem(dimensions)
+
+    def media_problem(self, name: str, messages: list[Any], field: str) -> MediaProblem | None:
+        if name not in self._media:
+            model = self._model(name)
+            self._media[name] = MediaPolicy.configured(MODALITIES if model is None else model.input_modalities)
+        return messages_media_problem(messages, self._media[name], field=field)
 
     def params_problem(self, name: str, params: Mapping[str, Any]) -> tuple[str, str] | None:
         model = self._model(name)
@@ -108,6 +116,7 @@ def batch_input_convert(*, source_uri: str, job_input: str, endpoint: str, tenan
             dimensions_problem=checks.dimensions_problem,
             params_problem=checks.params_problem,
             base_model=checks.base_model,
+            media_problem=checks.media_problem,
         )
     if not conversion.ok or conversion.model is None:
         store.delete_prefix(job_input)

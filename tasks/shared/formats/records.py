@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuworkers.engines.base import is_token_array
+from gpuworkers.engines.media import messages_media_problem
 
 # The field each task reads from a record; the names follow the bodies of OpenAI's endpoints so an
 # OpenAI request body is also a valid record.
@@ -37,6 +38,11 @@ def input_problem(input_field: str, value: Any) -> str | None:
     are the model's own, as vLLM's OpenAI server takes them: the engine checks them against the
     model's vocabulary. Checked with the rest of the record, at submission or planning, so that a
     wrong type refuses the input up front instead of failing its record at run time.
+
+    A message's content parts are held to `gpuworkers.engines.media` with every kind of media allowed: no part
+    of a type not served, no media URL that a slot would fetch (unless on an operator's media host), no inline
+    media over the bounds. Whether the model takes a kind of media is its catalog entry's to say, which the
+    portal checks beside this (`portal.jobs.record_checks`).
     """
     if input_field == TASK_INPUT_FIELDS["chat"]:
         if not isinstance(value, list) or not value:
@@ -44,7 +50,8 @@ def input_problem(input_field: str, value: Any) -> str | None:
         for number, message in enumerate(value, 1):
             if not isinstance(message, dict):
                 return f"{input_field} must hold message objects; message {number} is {_json_kind(message)}"
-        return None
+        problem = messages_media_problem(value, field=input_field)
+        return None if problem is None else problem.message
     if input_field == TASK_INPUT_FIELDS["embed"] and isinstance(value, list):
         return _texts_problem(input_field, value)
     if not isinstance(value, str):

@@ -88,9 +88,19 @@ def test_anthropic_tools_and_tool_choice_become_openai_function_tools() -> None:
         (request(messages=[]), "params.messages", "non-empty list"),
         (request(messages=[{"role": "system", "content": "x"}]), "params.messages.0.role", "'user' or 'assistant'"),
         (
-            request(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            request(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]),
+            "params.messages.0.content.0.source.type",
+            "image sources of type 'url' are not served here: GPU hosts fetch nothing a request names",
+        ),
+        (
+            request(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
             "params.messages.0.content.0.type",
-            "'image' are not served",
+            "'document' are not served here; 'text' blocks and inline 'image' blocks are",
+        ),
+        (
+            request(system=[{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]),
+            "params.system.0.type",
+            "'image' are not served here; only 'text' blocks are",
         ),
         (request(system=5), "params.system", "string or a non-empty list"),
         (request(stream=True), "params.stream", "do not stream"),
