@@ -10,6 +10,21 @@ from django.db import models
 from django.utils import timezone
 
 
+class AuthQuerySet(models.QuerySet):
+    """Rows that decide what an API key grants (tenants, memberships, keys): an `update()` over them (an admin
+    action's, a service's, `bulk_update`'s) bumps the auth epoch as saving a row does (`key_cache`), so no
+    process keeps serving a key from what it read before."""
+
+    def update(self, **kwargs: Any) -> int:
+        # key_cache imports these models: imported here, at the first update, not at module load.
+        from portal.tenancy.key_cache import GRANTS_NOTHING, bump_epoch
+
+        changed = super().update(**kwargs)
+        if changed and not set(kwargs) <= GRANTS_NOTHING.get(self.model, frozenset()):
+            bump_epoch()
+        return changed
+
+
 class Tenant(models.Model):
     name = models.CharField(max_length=100, unique=True)
     priority = models.PositiveSmallIntegerField(
@@ -30,6 +45,8 @@ class Tenant(models.Model):
         'e.g. ["s3://datasets/acme/", "file:///srv/data/acme/"].',
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AuthQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -52,6 +69,8 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AuthQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_and_tenant")]
@@ -128,6 +147,8 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    objects = AuthQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "API key"
@@ -154,6 +175,19 @@ class FairShareUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} on {self.gpu_class_id}: {self.usage:.1f} GPU-s"
+
+
+def invitation_backed() -> models.Q:
+    """Invitations whose inviter may still make them: an active user who is still an admin or owner of the
+    invitation's tenant (an owner, for an invitation to the owner role). One made by someone since removed,
+    demoted or deactivated (or deleted) is not honoured, however it lost the right."""
+    # One filter() call: both conditions on `inviter__memberships` are about the same membership row.
+    same_tenant = models.Q(inviter__is_active=True, inviter__memberships__tenant=models.F("tenant"))
+    owner = Membership.Role.OWNER
+    return same_tenant & (
+        models.Q(role=owner, inviter__memberships__role=owner)
+        | (~models.Q(role=owner) & models.Q(inviter__memberships__role__in=[Membership.Role.ADMIN, owner]))
+    )
 
 
 class Invitation(models.Model):
