@@ -29,7 +29,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from portal.tenancy.models import ApiKey, Membership, Tenant
+from portal.tenancy.models import ApiKey, Membership, Tenant, rows_updated
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -143,3 +143,4 @@ def connect_signals() -> None:
     for model in (ApiKey, Membership, Tenant, User):
         post_save.connect(_changed, sender=model, dispatch_uid=f"key_cache.save.{model.__name__}")
         post_delete.connect(_changed, sender=model, dispatch_uid=f"key_cache.delete.{model.__name__}")
+        rows_updated.connect(_changed, sender=model, dispatch_uid=f"key_cache.update.{model.__name__}")

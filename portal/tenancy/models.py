@@ -7,21 +7,23 @@ from typing import Any
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.dispatch import Signal
 from django.utils import timezone
+
+rows_updated = Signal()
+"""Sent after an `AuthQuerySet.update()` changed rows, with `sender` (the model) and `update_fields` (the
+fields written), as `post_save` is after a save: `key_cache` bumps the auth epoch on both."""
 
 
 class AuthQuerySet(models.QuerySet):
     """Rows that decide what an API key grants (tenants, memberships, keys): an `update()` over them (an admin
-    action's, a service's, `bulk_update`'s) bumps the auth epoch as saving a row does (`key_cache`), so no
-    process keeps serving a key from what it read before."""
+    action's, a service's, `bulk_update`'s) is announced (`rows_updated`) as saving a row is, so the key cache
+    forgets what it read before."""
 
     def update(self, **kwargs: Any) -> int:
-        # key_cache imports these models: imported here, at the first update, not at module load.
-        from portal.tenancy.key_cache import GRANTS_NOTHING, bump_epoch
-
         changed = super().update(**kwargs)
-        if changed and not set(kwargs) <= GRANTS_NOTHING.get(self.model, frozenset()):
-            bump_epoch()
+        if changed:
+            rows_updated.send(sender=self.model, update_fields=frozenset(kwargs))
         return changed
 
 
