@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 
-from portal.jobs.services.uploads import hide_storage_root, uploads_root
+from portal.jobs.input_display import hide_storage_root, uploads_root
 from portal.tenancy.models import Tenant
 from tasks.shared.storage import StorageError
 from tasks.shared.storage.s3 import parse_s3_uri

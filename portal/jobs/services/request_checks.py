@@ -26,12 +26,13 @@ from portal.catalog.adapters import adapter_lookup
 from portal.catalog.models import Adapter, Model
 from portal.catalog.selectors import models_for_tenant, tenant_model
 from portal.jobs.adapters import JobAdapters, adapter_entry
+from portal.jobs.input_display import hide_storage_root
 from portal.jobs.models import Job
 from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded
 from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
 from portal.jobs.selectors import model_weights_digest
 from portal.jobs.services.input_access import input_refusal
-from portal.jobs.services.uploads import hide_storage_root, stored_upload_uri
+from portal.jobs.services.uploads import stored_upload_uri
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks.shared.formats.compression import DecompressionLimitExceeded
