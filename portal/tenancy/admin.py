@@ -88,6 +88,15 @@ class OperatorUserAdmin(UserAdmin):
 
     actions = ["deactivate_users"]
 
+    def save_model(self, request: HttpRequest, obj: User, form: ModelForm, change: bool) -> None:
+        # The form's Active box unticked: the rest of the form saved as it is, the deactivation by the service.
+        deactivating = change and "is_active" in form.changed_data and not obj.is_active
+        if deactivating:
+            obj.is_active = True
+        super().save_model(request, obj, form, change)
+        if deactivating:
+            users_deactivate(users=[obj], actor=admin_actor(request))
+
     @admin.action(description="Deactivate selected users", permissions=["change"])
     def deactivate_users(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
         done = users_deactivate(users=queryset, actor=admin_actor(request))

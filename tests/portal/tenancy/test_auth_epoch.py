@@ -106,3 +106,15 @@ def _deactivations(path: Path) -> list[str]:
 def test_no_code_deactivates_users_around_the_service() -> None:
     files = [path for package in PRODUCT for path in (REPO / package).rglob("*.py")]
     assert [call for path in files for call in _deactivations(path)] == []
+
+
+def test_unticking_active_on_the_users_form_deactivates_through_the_service(alice_key: tuple[ApiKey, str]) -> None:
+    key, plaintext = alice_key
+    user = User.objects.get(pk=key.user_id)
+    user.is_active = False
+    request = RequestFactory().post(f"/admin/auth/user/{user.pk}/change/")
+    request.user = User.objects.create_superuser("root", "root@example.com", "x")
+    form = type("Form", (), {"changed_data": ["is_active"]})()
+    site._registry[User].save_model(request, user, form, True)  # type: ignore[arg-type]
+    assert apikey_authenticate(plaintext) is None
+    assert AuditEntry.objects.filter(action="user.deactivated", target_id=str(user.pk)).exists()
