@@ -341,6 +341,13 @@ BATCHERY_MAX_LORA_RANK = env_int(
 BATCHERY_MAX_ADAPTERS_PER_JOB = env_int(
     "BATCHERY_MAX_ADAPTERS_PER_JOB", 64, minimum=1, doc="Distinct adapters the lines of one job may name."
 )
+# Each distinct name is held for the job's whole read; a line past the limit is refused, naming it.
+BATCHERY_MAX_RECORD_MODEL_NAMES = env_int(
+    "BATCHERY_MAX_RECORD_MODEL_NAMES",
+    100,
+    minimum=1,
+    doc="Distinct `model` names (adapters and unknown names together) the lines of one job may give.",
+)
 # `/v1/batches` input files up to this size are validated within the create request; larger ones by a
 # control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.
 BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int(

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from portal.anthropic_api.formats.results import errored, result_line
 from portal.anthropic_api.models import MessageBatch
 from portal.anthropic_api.storage import message_batch_input
+from portal.jobs.input_display import tenant_job_error
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_steps
 from tasks.shared.storage import store_for
@@ -109,7 +110,7 @@ def message_batch_results(batch: MessageBatch) -> Iterator[bytes]:
     input_uri = job.input_uri if job is not None else message_batch_input(batch.id)
     outcome = _unrun_outcome(job)
     if outcome == "errored":
-        reason = job.error if job is not None and job.error else "the batch's job ran no request"
+        reason = tenant_job_error(job) if job is not None and job.error else "the batch's job ran no request"
         result = errored("invalid_request_error", reason)
     else:
         result = {"type": outcome}

@@ -29,3 +29,13 @@ def newest_enabled_model(name: str, version: str | None = None) -> Model | None:
     if version:
         models = models.filter(version=version)
     return models.order_by("-created_at").first()
+
+
+def tenant_model(tenant: Tenant, name: str, version: str | None = None) -> Model | None:
+    """The model a request of `tenant` naming ``name`` (and ``version``) runs: the newest enabled one its quota
+    allows; None if there is none. A model outside the quota is answered as one that does not exist, so a
+    request cannot learn which models other tenants run, or their tasks."""
+    models = models_for_tenant(tenant).filter(name=name)
+    if version:
+        models = models.filter(version=version)
+    return models.order_by("-created_at").first()

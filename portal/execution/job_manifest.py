@@ -5,7 +5,9 @@ It names the model's catalog name and version, the digest of its weights and of 
 slots resolved them (every file's), the engine and the software's versions, the job's parameters and the
 digest of every set of per-record parameters, the seed, the input's digest and record count,
 Batchery's version, and the GPU classes and hosts that ran it. It is written beside the output
-(`manifest.json`) and kept on the job (`Job.provenance`) for the API, the portal and the admin.
+(`manifest.json`) and kept on the job (`Job.provenance`) for the API, the portal and the admin, in the form
+its tenant reads it (`input_display.tenant_manifest`): the input and files by the names the job API shows,
+no storage root, and no model or adapter source (the shards' rows keep those for the operators).
 
 The shards' provenance is read from their rows (settling keeps all of a commit's but the file list), and
 the file list from one commit marker a weights digest: a merge reads no more markers than it did.
@@ -26,6 +28,7 @@ from django.conf import settings
 
 from portal.execution.settle import read_manifest
 from portal.execution.shard_outcomes import ShardOutcome
+from portal.jobs.input_display import tenant_manifest
 from portal.jobs.models import Job, Shard, ShardStatus
 from portal.jobs.storage_layout import job_root
 from tasks.shared.digests import canonical_digest
@@ -74,7 +77,7 @@ def job_manifest(job: Job, outcomes: list[ShardOutcome], *, stopped: bool = Fals
     overrides: Counter[str] = Counter()
     for record in records:
         overrides.update(record.get("record_params", {}))
-    return {
+    manifest = {
         "manifest_version": MANIFEST_VERSION,
         "job": {"id": str(job.id), "created_at": job.created_at.isoformat(), "retry_round": job.retry_round},
         "batchery_version": _version("batchery"),
@@ -82,7 +85,6 @@ def job_manifest(job: Job, outcomes: list[ShardOutcome], *, stopped: bool = Fals
             "name": model.name,
             "version": model.version,
             "task": model.task,
-            "source": model.source,
             "gpus_per_replica": model.gpus_per_replica,
             "pinned_digest": job.model_digest,
             "weights_digest": first.get("digest", ""),
@@ -96,7 +98,6 @@ def job_manifest(job: Job, outcomes: list[ShardOutcome], *, stopped: bool = Fals
         "adapters": {
             name: {
                 "version": entry["spec"]["version"],
-                "source": entry["spec"]["source"],
                 "rank": entry["spec"]["rank"],
             }
             for name, entry in sorted((job.adapters or {}).items())
@@ -120,6 +121,7 @@ def job_manifest(job: Job, outcomes: list[ShardOutcome], *, stopped: bool = Fals
         "shards": job.shards.count(),
         "shards_without_provenance": len(rows) - len(records),
     }
+    return tenant_manifest(manifest, job=job)
 
 
 def job_manifest_write(job: Job, manifest: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from portal.jobs.input_display import tenant_text
 from portal.jobs.models import Shard
 from tasks.shared.specs import ShardManifest
 from tasks.shared.storage import store_for
@@ -24,7 +25,10 @@ class ShardOutcome:
 
 
 def unfinished_lines(outcome: ShardOutcome) -> list[tuple[str, bytes]]:
-    error = {"code": outcome.code, "message": outcome.failure}
+    # The lines go to the tenant's output and error files: the failure as its tenant is shown it (a shard's
+    # error may name the model's source or a stored file). The shard is read through its job's manager,
+    # which hands it the job already read.
+    error = {"code": outcome.code, "message": tenant_text(outcome.failure, job=outcome.shard.job)}
     with store_for(outcome.shard.input_uri).open_read(outcome.shard.input_uri) as source:
         ids = [orjson.loads(raw)["custom_id"] for raw in source]
     return [

@@ -12,18 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F
 
-from portal.catalog.adapters import adapter_lookup
+from portal.catalog.adapters import adapter_lookup, adapters_for_tenant
 from portal.catalog.models import Adapter, Model
-from portal.catalog.selectors import newest_enabled_model
+from portal.catalog.selectors import tenant_model
 from portal.tenancy.models import Tenant
 from tasks.shared.formats.records import Record
 
 
 def model_runs_on(tenant: Tenant, name: str) -> Model | None:
-    """The catalog model a request naming ``name`` runs on: the newest enabled model of that name, else the
-    base model of the tenant's (or a shared) adapter of that name; None when the tenant may use neither."""
-    model = newest_enabled_model(name)
+    """The catalog model a request naming ``name`` runs on: the newest enabled model of that name the tenant's
+    quota allows, else the base model of the tenant's (or a shared) adapter of that name; None when the tenant
+    may use neither (a model outside its quota answers as one that does not exist)."""
+    model = tenant_model(tenant, name)
     if model is not None:
         return model
     adapter = adapter_lookup(tenant, name)
@@ -48,7 +50,10 @@ class JobAdapters:
         """Name -> `adapter_entry`: those the job had, and those its records named since."""
         self.added = False
         """Set when a record named an adapter that `entries` did not hold yet; the caller clears it."""
-        self._refused: dict[str, str] = {}
+        self._refused: set[str] = set()
+        self._usable: dict[str, Adapter] | None = None
+        """Name -> the adapter of the job's model it means for the tenant, loaded once at the first name that
+        needs it: a record's unknown name costs no query (a tenant keeps a few hundred adapters at most)."""
 
     def record_problem(self, record: Record) -> str | None:
         """What is wrong with the model a record names; None when it names none, the job's, or an adapter of it."""
@@ -58,17 +63,37 @@ class JobAdapters:
         if not isinstance(name, str) or not name:
             return "model must be a non-empty string: the job's model or the name of an adapter of it"
         if name in self._refused:
-            return self._refused[name]
-        limit = settings.BATCHERY_MAX_ADAPTERS_PER_JOB
-        if len(self.entries) >= limit:
-            return f"model {name!r} would be adapter {limit + 1} of this job, over the limit of {limit} a job"
-        adapter = adapter_lookup(self.tenant, name, base_model=self.model)
-        if adapter is None:
-            self._refused[name] = (
-                f"model {name!r} is neither the job's model {self.model.name!r} nor an adapter of it that this "
-                "tenant may use"
+            return self._unknown(name)
+        limit = settings.BATCHERY_MAX_RECORD_MODEL_NAMES
+        if len(self.entries) + len(self._refused) >= limit:
+            # Not remembered: past the limit a name costs neither a query nor memory.
+            return (
+                f"model {name[:100]!r} would be distinct model name {limit + 1} of this job's records, over the "
+                f"limit of {limit} (BATCHERY_MAX_RECORD_MODEL_NAMES)"
             )
-            return self._refused[name]
+        adapter = self._adapters().get(name)
+        if adapter is None:
+            self._refused.add(name)
+            return self._unknown(name)
+        most = settings.BATCHERY_MAX_ADAPTERS_PER_JOB
+        if len(self.entries) >= most:
+            return f"model {name!r} would be adapter {most + 1} of this job, over the limit of {most} a job"
         self.entries[name] = adapter_entry(adapter)
         self.added = True
         return None
+
+    def _unknown(self, name: str) -> str:
+        return (
+            f"model {name[:100]!r} is neither the job's model {self.model.name!r} nor an adapter of it that this "
+            "tenant may use"
+        )
+
+    def _adapters(self) -> dict[str, Adapter]:
+        if self._usable is None:
+            found = adapters_for_tenant(self.tenant).filter(base_model=self.model)
+            # As `adapter_lookup` chooses: the tenant's own first (a shared one has no owner), then the newest.
+            ordered = found.order_by(F("owner").asc(nulls_last=True), "-created_at")
+            self._usable = {}
+            for adapter in ordered:
+                self._usable.setdefault(adapter.name, adapter)
+        return self._usable

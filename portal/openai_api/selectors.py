@@ -10,6 +10,7 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from rest_framework.request import Request
 
+from portal.jobs.input_display import tenant_job_error
 from portal.jobs.models import Job, JobStatus, JobUsage
 from portal.jobs.selectors import job_progress, job_steps
 from portal.jobs.services.partial import OFFERED_STATUSES
@@ -107,7 +108,7 @@ def _errors(batch: Batch, status: str) -> dict[str, Any] | None:
     if status == "failed" and batch.job is not None:
         return {
             "object": "list",
-            "data": [{"code": "invalid_input", "message": batch.job.error, "param": None, "line": None}],
+            "data": [{"code": "invalid_input", "message": tenant_job_error(batch.job), "param": None, "line": None}],
         }
     return None
 

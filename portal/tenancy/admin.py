@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.forms import BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
@@ -10,7 +12,7 @@ from django.http import HttpRequest
 from portal.audit.admin import admin_actor
 from portal.tenancy.apikeys import apikey_revoke
 from portal.tenancy.models import ApiKey, Invitation, Membership, Quota, Tenant
-from portal.tenancy.services import tenant_rows_save, tenant_save
+from portal.tenancy.services import tenant_rows_save, tenant_save, users_deactivate
 
 
 class MembershipInline(admin.TabularInline):
@@ -75,3 +77,27 @@ class InvitationAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class OperatorUserAdmin(UserAdmin):
+    """Django's user admin, with deactivation through the service that stops the users' keys at once."""
+
+    actions = ["deactivate_users"]
+
+    def save_model(self, request: HttpRequest, obj: User, form: ModelForm, change: bool) -> None:
+        # The form's Active box unticked: the rest of the form saved as it is, the deactivation by the service.
+        deactivating = change and "is_active" in form.changed_data and not obj.is_active
+        if deactivating:
+            obj.is_active = True
+        super().save_model(request, obj, form, change)
+        if deactivating:
+            users_deactivate(users=[obj], actor=admin_actor(request))
+
+    @admin.action(description="Deactivate selected users", permissions=["change"])
+    def deactivate_users(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        done = users_deactivate(users=queryset, actor=admin_actor(request))
+        self.message_user(request, f"{done} user(s) deactivated")

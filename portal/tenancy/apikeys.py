@@ -98,8 +98,8 @@ def apikey_revoke(*, key: ApiKey, actor: User | None = None, reason: str = "") -
     with transaction.atomic():
         revoked = ApiKey.objects.filter(pk=key.pk, revoked_at=None).update(revoked_at=now) > 0
         if revoked:
+            # The update bumped the auth epoch (`AuthQuerySet`): no process serves the key it kept.
             key.revoked_at = now
-            key_cache.bump_epoch()
             audit_record(
                 actor=actor,
                 action="apikey.revoked",

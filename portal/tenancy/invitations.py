@@ -3,8 +3,11 @@
 A tenant admin invites a user name or an email address with a role (`invitation_create`); nothing
 changes for the invited person until they accept it, signed in as themselves (`invitation_accept`),
 which creates the membership; they may decline it instead, and an admin may revoke it while it is
-pending. Only operators create accounts (the admin, `manage.py createsuperuser`, `manage.py apikey
-create`): an invitation to a name that has no account yet waits until an operator creates one, and
+pending. An invitation is only as good as its inviter's standing: one whose inviter is no longer an
+admin (an owner, for the owner role) of the tenant, or no longer active, is revoked when that changes
+(`services.invitations_revoke_unbacked`) and refused whatever way it changed (`models.invitation_backed`).
+Only operators create accounts (the admin, `manage.py createsuperuser`, `manage.py apikey create`): an
+invitation to a name that has no account yet waits until an operator creates one, and
 the inviter is never told whether the account exists. Each step is audited as `invitation.<step>`.
 """
 
@@ -21,7 +24,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from portal.audit.services import audit_record
-from portal.tenancy.models import Invitation, Membership, Tenant
+from portal.tenancy.models import Invitation, Membership, Tenant, invitation_backed
 from portal.tenancy.services import MembershipRefused, check_may_touch
 
 
@@ -98,7 +101,7 @@ def invitations_pending_for(user: User) -> QuerySet[Invitation]:
     named = Q(username=user.get_username())
     if user.email:
         named |= Q(email__iexact=user.email)
-    return Invitation.objects.filter(named, _pending()).select_related("tenant", "inviter")
+    return Invitation.objects.filter(named, _pending(), invitation_backed()).select_related("tenant", "inviter")
 
 
 def invitation_by_token(token: str) -> Invitation | None:
@@ -115,6 +118,10 @@ def _answerable(invitation_id: int, user: User) -> Invitation:
         raise InvitationRefused("your account is deactivated")
     if invitation.status != "pending":
         raise InvitationRefused(f"this invitation to {invitation.tenant.name} is {invitation.status}")
+    # Its inviter removed, demoted or deactivated since, by whatever way (`membership_*` revoke it, an
+    # operator's edit may not): the invitation grants nothing they no longer may.
+    if not Invitation.objects.filter(invitation_backed(), pk=invitation.pk).exists():
+        raise InvitationRefused(f"this invitation to {invitation.tenant.name} is revoked")
     return invitation
 
 

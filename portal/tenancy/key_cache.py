@@ -3,8 +3,10 @@
 Reading a key with its tenant, user and role took a third of a job status request (the query's
 compilation and its three joins). A process keeps what it read, by the key's digest, for as long as
 the *auth epoch* in Redis stays the same: every change that may alter what a key grants (a key saved,
-revoked or deleted; a membership added, changed or removed; a user or a tenant saved or deleted)
-increments it, so a revocation holds in every process from its next request. A Redis that does not
+revoked or deleted; a membership added, changed or removed; a user or a tenant saved or deleted; a
+tenant, membership or key query set updated, `models.AuthQuerySet`; a user deactivated, which goes
+through `services.users_deactivate`) increments it, so a revocation holds in every process from its
+next request. A Redis that does not
 answer turns the cache off, never the check: the key is then read from the database.
 
 The epoch is incremented when the change is made and again when its transaction commits: a process
@@ -27,7 +29,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from portal.tenancy.models import ApiKey, Membership, Tenant
+from portal.tenancy.models import ApiKey, Membership, Tenant, rows_updated
 from tasks.shared.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
@@ -124,11 +126,16 @@ def _increment() -> None:
         logger.warning("auth epoch not incremented: %s", exc)
 
 
+GRANTS_NOTHING: dict[type, frozenset[str]] = {
+    ApiKey: frozenset({"last_used_at"}),
+    User: frozenset({"last_login"}),  # every sign-in saves it
+}
+"""Fields whose change alone grants nothing: saving or updating only them leaves the epoch as it is."""
+
+
 def _changed(sender: type, update_fields: frozenset[str] | None = None, **_: Any) -> None:
-    if sender is ApiKey and update_fields is not None and set(update_fields) <= {"last_used_at"}:
+    if update_fields is not None and set(update_fields) <= GRANTS_NOTHING.get(sender, frozenset()):
         return
-    if sender is User and update_fields is not None and set(update_fields) <= {"last_login"}:
-        return  # every sign-in saves it; it grants nothing
     bump_epoch()
 
 
@@ -136,3 +143,4 @@ def connect_signals() -> None:
     for model in (ApiKey, Membership, Tenant, User):
         post_save.connect(_changed, sender=model, dispatch_uid=f"key_cache.save.{model.__name__}")
         post_delete.connect(_changed, sender=model, dispatch_uid=f"key_cache.delete.{model.__name__}")
+        rows_updated.connect(_changed, sender=model, dispatch_uid=f"key_cache.update.{model.__name__}")

@@ -7,7 +7,24 @@ from typing import Any
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.dispatch import Signal
 from django.utils import timezone
+
+rows_updated = Signal()
+"""Sent after an `AuthQuerySet.update()` changed rows, with `sender` (the model) and `update_fields` (the
+fields written), as `post_save` is after a save: `key_cache` bumps the auth epoch on both."""
+
+
+class AuthQuerySet(models.QuerySet):
+    """Rows that decide what an API key grants (tenants, memberships, keys): an `update()` over them (an admin
+    action's, a service's, `bulk_update`'s) is announced (`rows_updated`) as saving a row is, so the key cache
+    forgets what it read before."""
+
+    def update(self, **kwargs: Any) -> int:
+        changed = super().update(**kwargs)
+        if changed:
+            rows_updated.send(sender=self.model, update_fields=frozenset(kwargs))
+        return changed
 
 
 class Tenant(models.Model):
@@ -31,6 +48,8 @@ class Tenant(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = AuthQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -52,6 +71,8 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AuthQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_and_tenant")]
@@ -128,6 +149,8 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    objects = AuthQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "API key"
@@ -154,6 +177,19 @@ class FairShareUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} on {self.gpu_class_id}: {self.usage:.1f} GPU-s"
+
+
+def invitation_backed() -> models.Q:
+    """Invitations whose inviter may still make them: an active user who is still an admin or owner of the
+    invitation's tenant (an owner, for an invitation to the owner role). One made by someone since removed,
+    demoted or deactivated (or deleted) is not honoured, however it lost the right."""
+    # One filter() call: both conditions on `inviter__memberships` are about the same membership row.
+    same_tenant = models.Q(inviter__is_active=True, inviter__memberships__tenant=models.F("tenant"))
+    owner = Membership.Role.OWNER
+    return same_tenant & (
+        models.Q(role=owner, inviter__memberships__role=owner)
+        | (~models.Q(role=owner) & models.Q(inviter__memberships__role__in=[Membership.Role.ADMIN, owner]))
+    )
 
 
 class Invitation(models.Model):

@@ -3,9 +3,12 @@ operator's change to a tenant's share of the fleet as `tenant.changed`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.forms import BaseModelFormSet
+from django.utils import timezone
 
 from portal.audit.services import (
     audit_change,
@@ -16,7 +19,7 @@ from portal.audit.services import (
     stored_field_values,
 )
 from portal.tenancy.apikeys import apikeys_revoke_of_member
-from portal.tenancy.models import Membership, Quota, Tenant
+from portal.tenancy.models import Invitation, Membership, Quota, Tenant, invitation_backed
 
 
 def tenant_create(*, name: str, priority: int = 5) -> Tenant:
@@ -49,6 +52,33 @@ def tenant_rows_save(*, tenant: Tenant, formset: BaseModelFormSet, actor: User |
         if formset.model is Membership:
             for row in formset.deleted_forms:
                 apikeys_revoke_of_member(tenant=tenant, user=row.instance.user, actor=actor)
+            for row in formset.forms:
+                if row.instance.user_id is not None:
+                    invitations_revoke_unbacked(inviter=row.instance.user, actor=actor)
+
+
+def users_deactivate(*, users: Iterable[User], actor: User | None) -> int:
+    """Deactivate users (an operator's admin action): each saved, which bumps the auth epoch (`key_cache`) so
+    their keys stop in every process at once, their pending invitations refused (`invitations`), and each
+    recorded. The one way a user is deactivated: a query set's `update(is_active=False)` would skip the
+    epoch (tests/portal/tenancy/test_auth_epoch.py holds the code to it). The number deactivated."""
+    done = 0
+    with transaction.atomic():
+        for user in users:
+            if not user.is_active:
+                continue
+            user.is_active = False
+            user.save(update_fields=["is_active"])
+            invitations_revoke_unbacked(inviter=user, actor=actor)
+            audit_record(
+                actor=actor,
+                action="user.deactivated",
+                target=user,
+                summary=f"{user.get_username()} deactivated",
+                changes={"is_active": [True, False]},
+            )
+            done += 1
+    return done
 
 
 def user_get_or_create(*, username: str) -> User:
@@ -135,6 +165,7 @@ def membership_set_role(*, membership: Membership, role: str, actor_role: str, a
         locked.save(update_fields=["role"])
         if old != role:
             _audit_role(locked, old, role, actor, f"changed from {old} to {role}")
+            invitations_revoke_unbacked(inviter=locked.user, actor=actor)
     return locked
 
 
@@ -148,3 +179,28 @@ def membership_remove(*, membership: Membership, actor_role: str, actor: User | 
         membership.delete()
         # Their keys end with their membership: adding them back later does not revive them.
         apikeys_revoke_of_member(tenant=locked.tenant, user=locked.user, actor=actor)
+        invitations_revoke_unbacked(inviter=locked.user, actor=actor)
+
+
+def invitations_revoke_unbacked(*, inviter: User, actor: User | None) -> int:
+    """Revoke the pending invitations `inviter` made that they may no longer make (removed from the tenant,
+    demoted below admin, or below owner for an owner's invitation, or deactivated), each audited; the
+    number revoked. Acceptance refuses such an invitation however its inviter lost the right
+    (`invitations._answerable`); this makes the tenant's list say so."""
+    now = timezone.now()
+    pending = Invitation.objects.filter(
+        inviter=inviter, accepted_at=None, declined_at=None, revoked_at=None, expires_at__gt=now
+    )
+    revoked = 0
+    for invitation in pending.exclude(pk__in=Invitation.objects.filter(invitation_backed()).values("pk")):
+        if Invitation.objects.filter(pk=invitation.pk, revoked_at=None).update(revoked_at=now):
+            revoked += 1
+            audit_record(
+                actor=actor,
+                action="invitation.revoked",
+                target=invitation,
+                tenant=invitation.tenant,
+                summary=f"{invitation.invitee} no longer invited to {invitation.tenant.name} as {invitation.role}: "
+                f"{inviter.get_username()}, who invited them, may no longer",
+            )
+    return revoked

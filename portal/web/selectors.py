@@ -23,6 +23,7 @@ from django.utils import timezone
 from portal.catalog.money import ZERO, money
 from portal.jobs.billing import cost_per_month
 from portal.jobs.budget import month_spend
+from portal.jobs.input_display import tenant_text
 from portal.jobs.models import Job, JobAdapterUsage, JobEvent, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import quota_usage
 from portal.jobs.selectors import (
@@ -269,7 +270,7 @@ def _shard_state(job: Job, shard: Shard, live: tuple[int, int] | None, running: 
     return "running" if running or (live is not None and live[0] > 0) else "queued"
 
 
-def _shard_title(shard: Shard, state: str, live: tuple[int, int] | None, worker: str) -> str:
+def _shard_title(job: Job, shard: Shard, state: str, live: tuple[int, int] | None, worker: str) -> str:
     parts = [f"Shard {shard.index}", SHARD_STATE_LABELS.get(state, state), f"attempt {shard.attempt}"]
     if worker:
         parts.append(f"worker {worker}")
@@ -282,7 +283,7 @@ def _shard_title(shard: Shard, state: str, live: tuple[int, int] | None, worker:
     else:
         parts.append(f"{shard.record_count} records")
     if shard.error:
-        parts.append(shard.error[:200])
+        parts.append(tenant_text(shard.error, job=job)[:200])
     return " · ".join(parts)
 
 
@@ -297,7 +298,7 @@ def shard_grid(job: Job) -> list[ShardCell]:
         figures = live.get(shard.index)
         state = _shard_state(job, shard, figures, running=shard.index in workers)
         worker = shard.worker or workers.get(shard.index, "")
-        cells.append(ShardCell(index=shard.index, state=state, title=_shard_title(shard, state, figures, worker)))
+        cells.append(ShardCell(index=shard.index, state=state, title=_shard_title(job, shard, state, figures, worker)))
     return cells
 
 

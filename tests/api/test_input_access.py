@@ -15,6 +15,7 @@ from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import SubmissionError
 from portal.jobs.services.input_access import input_refusal
 from portal.jobs.services.rerun import job_rerun
+from tasks.shared.storage import StorageError, store_for
 from tests.api.conftest import Caller
 
 pytestmark = pytest.mark.django_db
@@ -67,7 +68,11 @@ def test_uris_outside_the_tenants_locations_are_refused_and_nothing_is_read(
     base = http_server[0]
     refused = {
         "s3://datasets/globex/in.jsonl": "outside the locations this tenant may read",
-        "s3://datasets/acme/../globex/in.jsonl": "contains '..'",
+        "s3://datasets/acme/../globex/in.jsonl": "'.' or '..' segment",
+        # urlparse reads `?/../../globex/in.jsonl` as a query; the store sends it as part of the key.
+        "s3://datasets/acme/x?/../../globex/in.jsonl": "'.' or '..' segment",
+        "s3://datasets/acme/x#/../../globex/in.jsonl": "'.' or '..' segment",
+        "s3://datasets/acme/./in.jsonl": "'.' or '..' segment",
         (root / ".." / "secret.jsonl").as_uri(): "outside the locations",
         (root / "escape.jsonl").as_uri(): "outside the locations",
         f"{base}/in.jsonl": "does not fetch from hosts",
@@ -83,9 +88,30 @@ def test_uris_outside_the_tenants_locations_are_refused_and_nothing_is_read(
 
 
 def test_a_root_covers_its_folder_not_a_sibling_with_the_same_prefix() -> None:
-    assert input_refusal("s3://b/acme/x.jsonl", ["s3://b/acme"]) is None
-    assert input_refusal("s3://b/acme-evil/x.jsonl", ["s3://b/acme"]) is not None
-    assert input_refusal("ftp://host/x", ["s3://b"]) is not None
+    assert input_refusal("s3://bkt/acme/x.jsonl", ["s3://bkt/acme"]) is None
+    assert input_refusal("s3://bkt/acme-evil/x.jsonl", ["s3://bkt/acme"]) is not None
+    assert input_refusal("s3://bkt-evil/acme/x.jsonl", ["s3://bkt"]) is not None
+    assert input_refusal("ftp://host/x", ["s3://bkt"]) is not None
+
+
+def test_an_s3_input_is_checked_by_the_key_the_store_reads(s3: Any) -> None:
+    """The check and the store read one key: what passes the check is what the store opens, and a URI whose
+    key the HTTP client would resolve to another object is refused by both."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.server_url, region_name="us-east-1")
+    client.create_bucket(Bucket="datasets")
+    client.put_object(Bucket="datasets", Key="acme/in?x.jsonl", Body=b"acme")
+    client.put_object(Bucket="datasets", Key="globex/in.jsonl", Body=b"globex")
+    roots = ["s3://datasets/acme/"]
+    allowed = "s3://datasets/acme/in?x.jsonl"
+    assert input_refusal(allowed, roots) is None
+    with store_for(allowed).open_read(allowed) as stream:
+        assert stream.read() == b"acme"
+    climbing = "s3://datasets/acme/x?/../../globex/in.jsonl"
+    assert "'.' or '..' segment" in (input_refusal(climbing, roots) or "")
+    with pytest.raises(StorageError, match="segment"):
+        store_for(climbing).open_read(climbing)
 
 
 def _swap_for_link(path: Path, target: Path) -> None:

@@ -124,17 +124,18 @@ def test_an_upload_over_the_limit_gets_413_and_nothing_is_kept(
     assert not Job.objects.exists()
 
 
-def test_a_disallowed_model_is_refused_with_429_naming_the_quota(
+def test_a_model_outside_the_quota_is_refused_as_one_that_does_not_exist(
     caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     alice = caller("acme")
     other = ModelFactory(name="other-embedder", is_default=False)
     Quota.objects.get(tenant=alice.tenant).allowed_models.set([other])
     assert [row["name"] for row in alice.client.get("/api/v1/models/").json()] == ["other-embedder"]
-    response = _upload(alice.client, write_jsonl(RECORDS), model=minilm.name)
-    assert response.status_code == 429
-    quota = response.json()["error"]["quota"]
-    assert quota["name"] == "allowed_models" and quota["limit"] == ["other-embedder"]
+    outside = _upload(alice.client, write_jsonl(RECORDS), model=minilm.name)
+    missing = _upload(alice.client, write_jsonl(RECORDS), model="no-such-model")
+    assert outside.status_code == missing.status_code == 400
+    assert outside.json() == json.loads(json.dumps(missing.json()).replace("no-such-model", minilm.name))
+    assert "models available: other-embedder" in outside.json()["error"]["message"]
 
 
 def test_lists_filter_by_status_model_and_date_and_page_by_cursor(

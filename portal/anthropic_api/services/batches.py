@@ -64,7 +64,7 @@ def batch_model(tenant: Tenant, name: str) -> Model | None:
     adapter of it the tenant may use), or None for a name the catalog does not hold.
 
     The one place a request's model name is resolved: every request of a batch must run on the model of the
-    batch's job. Whether the tenant may use it is `job_submit`'s check.
+    batch's job. A model outside the tenant's quota is a name the catalog does not hold.
     """
     return model_runs_on(tenant, name)
 

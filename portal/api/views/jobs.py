@@ -28,6 +28,7 @@ from portal.api.uploads import store_upload
 from portal.api.usage_serializers import JobCostSerializer, money_field
 from portal.api.views.job_rerun import JobRerunActions
 from portal.jobs.billing import job_cost
+from portal.jobs.input_display import tenant_manifest
 from portal.jobs.models import Job
 from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file, jobs_live_progress
@@ -212,7 +213,8 @@ class JobViewSet(
         job = self.get_object()
         if not job.provenance:
             raise conflict(f"job {job.id} is {job.status}: its manifest is written when its output is merged")
-        return Response(job.provenance)
+        # A manifest kept before it was written in its tenant's form is read in it too.
+        return Response(tenant_manifest(job.provenance, job=job))
 
     def _files(self, job: Job) -> dict[str, tuple[str, str]]:
         if not job.is_finished or not job.shard_count:

@@ -24,14 +24,15 @@ from gpuworkers.engines.request_params import check_request_params
 from gpuworkers.engines.sampling import ParamError
 from portal.catalog.adapters import adapter_lookup
 from portal.catalog.models import Adapter, Model
-from portal.catalog.selectors import models_for_tenant, newest_enabled_model
+from portal.catalog.selectors import models_for_tenant, tenant_model
 from portal.jobs.adapters import JobAdapters, adapter_entry
+from portal.jobs.input_display import hide_storage_root
 from portal.jobs.models import Job
-from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded, quota_check_model
+from portal.jobs.quota import INPUT_BYTES_QUOTA, input_bytes_exceeded
 from portal.jobs.requests import InputTooLarge, JobRequest, SubmissionError
 from portal.jobs.selectors import model_weights_digest
 from portal.jobs.services.input_access import input_refusal
-from portal.jobs.services.uploads import hide_storage_root, stored_upload_uri
+from portal.jobs.services.uploads import stored_upload_uri
 from portal.jobs.storage_layout import errors_uri, output_uri
 from portal.tenancy.models import Tenant
 from tasks.shared.formats.compression import DecompressionLimitExceeded
@@ -84,19 +85,18 @@ def normalize_input_uri(value: str) -> str:
 
 
 def _resolve_model(tenant: Tenant, name: str, version: str | None) -> tuple[Model, Adapter | None]:
-    """The newest enabled model of that name (and version), or the base model of the tenant's adapter of that
-    name (and version) with the adapter; refused if the tenant's quota excludes the model."""
-    allowed = models_for_tenant(tenant)
-    model = newest_enabled_model(name, version)
+    """The newest enabled model of that name (and version) the tenant's quota allows, or the base model of the
+    tenant's adapter of that name (and version) with the adapter. A model the quota excludes is refused as
+    one that does not exist (`tenant_model`)."""
+    model = tenant_model(tenant, name, version)
     adapter = None
     if model is None and (adapter := adapter_lookup(tenant, name, version=version)) is not None:
         model = adapter.base_model
     if model is None:
-        known = ", ".join(sorted(set(allowed.values_list("name", flat=True))))
+        known = ", ".join(sorted(set(models_for_tenant(tenant).values_list("name", flat=True))))
         raise SubmissionError(
             f"no enabled model or adapter named {name!r}; models available: {known or 'none'}", field="model"
         )
-    quota_check_model(tenant, model, allowed)
     return model, adapter
 
 

@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from portal.audit.services import audit_record
-from portal.catalog.selectors import newest_enabled_model
+from portal.catalog.selectors import tenant_model
 from portal.jobs.models import Job
 from portal.jobs.requests import JobRequest, SubmissionError
 from portal.jobs.services.input_access import tenant_input_roots
@@ -47,8 +47,9 @@ def rerun_params(old: Mapping[str, Any], changes: Mapping[str, Any] | None) -> d
 
 def _check_same_task(job: Job, name: str, version: str | None) -> None:
     """Refuse a model of another task than the job's, before its input is checked against that task's field
-    (which would blame the input). An unknown name is left to the submission to refuse."""
-    model = newest_enabled_model(name, version)
+    (which would blame the input). An unknown name, or one the tenant's quota excludes (which must answer
+    alike), is left to the submission to refuse."""
+    model = tenant_model(job.tenant, name, version)
     if model is not None and model.task != job.model.task:
         raise SubmissionError(
             f"model {model.name} is a {model.task} model; job {job.id} ran a {job.model.task} model, and a "

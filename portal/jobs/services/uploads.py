@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
+from portal.jobs.input_display import UPLOAD_SCHEME
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Quota
 from portal.tenancy.stored_files import stored_bytes, uploads_root
@@ -25,17 +26,7 @@ class UploadTooLarge(Exception):
         self.limit = limit
 
 
-UPLOAD_SCHEME = "upload://"
-"""How tenants see and name their uploads: `upload://<name>`, never the platform's storage root."""
 _UPLOAD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-
-
-def hide_storage_root(text: str) -> str:
-    """`text` (an error message) with every stored URI below the platform's storage root written as a tenant
-    sees it: `upload://<name>` for an upload, `batchery://<path>` for the rest."""
-    root = re.escape(settings.BATCHERY_STORAGE_URL.rstrip("/"))
-    text = re.sub(rf"{root}/uploads/\d+/", UPLOAD_SCHEME, text)
-    return re.sub(rf"{root}/", "batchery://", text)
 
 
 def stored_upload_uri(uri: str, *, tenant_id: int) -> str:

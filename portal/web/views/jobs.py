@@ -22,7 +22,7 @@ from portal.api.downloads import stream_object, stream_partial
 from portal.catalog.money import money
 from portal.catalog.selectors import models_for_tenant
 from portal.jobs.billing import job_cost
-from portal.jobs.input_display import tenant_input_uri, tenant_job_error
+from portal.jobs.input_display import tenant_input_uri, tenant_job_error, tenant_manifest
 from portal.jobs.models import FINAL_STATUSES, Job, JobStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
@@ -194,6 +194,7 @@ def _job_context(portal: PortalAccess, job: Job) -> dict[str, Any]:
         "job": job,
         "input_uri": tenant_input_uri(job),
         "job_error": tenant_job_error(job),
+        "manifest": tenant_manifest(job.provenance, job=job) if job.provenance else {},
         "adapters": job_adapters(job),
         "row": job_row(job),
         "cost": money(job_cost(job)),

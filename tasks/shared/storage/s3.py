@@ -68,12 +68,19 @@ _TRANSIENT_STATUSES = {500, 502, 503, 504}
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """The bucket and key (possibly empty, for a prefix) of `s3://bucket/key`."""
+    """The bucket and key (possibly empty, for a prefix) of `s3://bucket/key`: the key is every character after
+    the bucket's `/`, `?` and `#` included, as every operation of the store sends it. The one reading of an
+    S3 URI: checks of where a URI may point (`portal.jobs.services.input_access`) compare this key.
+
+    A key with a `.` or `..` segment is refused: the HTTP client resolves them in the request's path, so the
+    object read would not be the key named (`root/x?/../../other` reads `other`)."""
     if not uri.startswith("s3://"):
         raise StorageError(f"not an s3:// URI: {uri}")
     bucket, _, key = uri[len("s3://") :].partition("/")
     if not _BUCKET.fullmatch(bucket):
         raise StorageError(f"{uri} does not name a valid S3 bucket (expected s3://bucket/key)")
+    if any(segment in (".", "..") for segment in key.split("/")):
+        raise StorageError(f"{uri} has a '.' or '..' segment in its key; name the object's key as it is")
     return bucket, key
 
 
