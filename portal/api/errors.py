@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db.models import ProtectedError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -101,6 +102,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound("no such object (or not one of your tenant's)")
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or None)
+    elif isinstance(exc, ProtectedError):
+        exc = conflict(protected_message(exc))
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -121,6 +124,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     # Errors are JSON even where the negotiated renderer is a download's.
     response.content_type = "application/json"
     return response
+
+
+def protected_message(exc: ProtectedError) -> str:
+    """Why a delete is refused: what still refers to the object (a price, a ledger line), which it must outlive."""
+    kinds = sorted({str(obj._meta.verbose_name_plural) for obj in exc.protected_objects})
+    return (
+        f"it cannot be deleted: {', '.join(kinds)} refer to it, and past bills and the operators' prices are kept "
+        "whatever is deleted later; disable it instead"
+    )
 
 
 def _json_error(status_code: int, code: str, message: str) -> JsonResponse:

@@ -1,8 +1,10 @@
 """What jobs cost: the usage ledger priced by the catalog's prices (`portal.catalog.pricing`).
 
-Costs are computed, not stored: a ledger line is priced by the prices in force on the day it was
-recorded (`Price.effective_from`), and prices in force are not edited, so a new price never rewrites
-a past month. The rule for one line:
+A ledger line is priced once, when it is written (`usage_record`), by the prices in force on the day
+it was recorded (`Price.effective_from`), and its cost is kept on the line (`JobUsage.cost`): a bill's
+lines never change after the fact, whatever price, adapter or model is added or deleted later. Every
+reader (the usage API, the chargeback, the budget) reads the kept cost; a line written before costs
+were kept is priced on its first read and kept from then on. The rule for one line:
 
     cost = sum over its parts [ gpu_seconds * per GPU-second
                               + (prompt - cached) * input price + cached * cached-input price
@@ -27,7 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from portal.catalog.models import Price
@@ -135,15 +137,50 @@ def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
 
 
 def usage_costs(lines: Iterable[JobUsage]) -> dict[Any, Decimal]:
-    """Each ledger line's cost by job id, pricing them all with one read of the prices."""
+    """Each ledger line's kept cost by job id; a line without one yet is priced now and kept (`usage_freeze`)."""
     lines = list(lines)
+    usage_freeze([line for line in lines if line.cost is None])
+    return {line.job_id: _minor(line.cost) for line in lines}
+
+
+def _minor(kept: Decimal | None) -> Decimal:
+    # A kept cost is already whole minor units; the column's ten places are only its storage.
+    return to_minor_unit(kept or ZERO, settings.BATCHERY_CURRENCY)
+
+
+def usage_freeze(lines: Iterable[JobUsage]) -> None:
+    """Price lines that have no kept cost (read with `priced_lines`), with one read of the prices, and keep it.
+
+    Only a line whose cost is still empty is written, so that two readers freezing the same old line at once
+    keep the same figure, and a line's cost, once kept, is never written again but by its job's next ending."""
+    lines = list(lines)
+    if not lines:
+        return
     book = PriceBook(model_ids={line.model_id for line in lines})
-    return {line.job_id: usage_cost(line, book=book) for line in lines}
+    for line in lines:
+        line.cost = usage_cost(line, book=book)
+        JobUsage.objects.filter(pk=line.pk, cost__isnull=True).update(cost=line.cost)
 
 
 def priced_lines(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
     """Ledger lines read with what pricing them needs."""
     return usage.select_related("model", "tenant").prefetch_related("adapters")
+
+
+def usage_price(*, job_id: Any) -> Decimal:
+    """Price the ledger line of a job just written (by `usage_record`, in its ending's transaction) and keep
+    the cost on it: from now on it is the line's cost, whatever changes in the catalog."""
+    line = priced_lines(JobUsage.objects.filter(pk=job_id)).get()
+    cost = usage_cost(line, book=PriceBook(model_ids=[line.model_id]))
+    JobUsage.objects.filter(pk=job_id).update(cost=cost)
+    return cost
+
+
+def kept_costs(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
+    """`usage` once every line of it has its cost kept (old lines priced now, once), ready to be summed in the
+    database: a bill's reads cost one grouped query, not the pricing of every line."""
+    usage_freeze(priced_lines(usage.filter(cost__isnull=True)))
+    return usage.order_by()
 
 
 @dataclass(frozen=True)
@@ -156,13 +193,17 @@ class PeriodCost:
 
 
 def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
-    """The lines' costs summed per month and, within it, per model. Read line by line: a month holds
-    jobs by the thousand, not the million, and each line may have its own price."""
-    lines = list(priced_lines(usage))
-    costs = usage_costs(lines)
+    """The lines' kept costs summed per month and, within it, per model, in one grouped query: each line was
+    priced once when it was written, so a closed month's figures never change and no read re-prices them."""
+    sums = (
+        kept_costs(usage)
+        .values("period", "model__name", "model__version")
+        .annotate(total=Sum("cost"))
+        .values_list("period", "model__name", "model__version", "total")
+    )
     totals: dict[dt.date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(lambda: ZERO))
-    for line in lines:
-        totals[line.period][str(line.model)] += costs[line.job_id]
+    for period, name, version, total in sums:
+        totals[period][f"{name}@{version}"] += _minor(total)
     return {
         period: PeriodCost(period=period, cost=sum(models.values(), ZERO), models=dict(sorted(models.items())))
         for period, models in totals.items()

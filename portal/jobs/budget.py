@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
-from portal.catalog.money import ZERO
-from portal.jobs.billing import priced_lines, usage_costs
+from portal.catalog.money import ZERO, to_minor_unit
+from portal.jobs.billing import kept_costs
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.usage import month_of
@@ -64,8 +64,8 @@ class BudgetLine:
 
 def month_spend(tenant_id: int) -> Decimal:
     """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds."""
-    lines = priced_lines(JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())))
-    settled = sum(usage_costs(lines).values(), ZERO)
+    lines = kept_costs(JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())))
+    settled = to_minor_unit(lines.aggregate(total=Sum("cost"))["total"] or ZERO, settings.BATCHERY_CURRENCY)
     open_jobs = Job.objects.filter(tenant_id=tenant_id).exclude(status__in=FINAL_STATUSES).values("id")
     held = BudgetHold.objects.filter(tenant_id=tenant_id, job_id__in=open_jobs).aggregate(total=Sum("amount"))
     return settled + (held["total"] or ZERO)

@@ -1,4 +1,4 @@
-"""The usage ledger: one line per job, written in the transaction that ends it.
+"""The usage ledger: one line per job, written (and priced, `portal.jobs.billing`) in the transaction that ends it.
 
 GPU-seconds are what the job's shards held a replica for (model load plus compute, from the
 manifests the workers committed) times the GPUs a replica of the model takes.
@@ -13,6 +13,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.catalog.models import Adapter
+from portal.jobs.billing import usage_price
 from portal.jobs.models import Job, JobAdapterUsage, JobUsage
 
 REWRITTEN = [field.name for field in JobUsage._meta.concrete_fields if not field.primary_key]
@@ -53,6 +54,8 @@ def usage_record(*, job: Job) -> float:
     JobUsage.objects.bulk_create([usage], update_conflicts=True, unique_fields=["job"], update_fields=REWRITTEN)
     if job.adapters:
         _record_adapter_usage(job, usage)
+    # Priced now, at the prices in force the day it ended, and kept: the bill never re-prices it.
+    usage_price(job_id=job.pk)
     return usage.gpu_seconds - charged
 
 
