@@ -91,4 +91,5 @@ def budget_reserve(quota: Quota, *, job_id: str | uuid.UUID, low: Decimal) -> No
         return
     if line.refused is not None:
         raise line.exceeded()
-    BudgetHold.objects.create(tenant_id=quota.tenant_id, job_id=job_id, amount=low)
+    # A retry round's hold replaces the one its job held at submission (one hold a job, counted while it runs).
+    BudgetHold.objects.update_or_create(job_id=job_id, defaults={"tenant_id": quota.tenant_id, "amount": low})

@@ -56,10 +56,11 @@ class Job(models.Model):
         ),
         JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED}),
         JobStatus.SUCCEEDED: frozenset(),
-        JobStatus.PARTIALLY_SUCCEEDED: frozenset({JobStatus.RUNNING}),
-        JobStatus.FAILED: frozenset({JobStatus.RUNNING}),
+        # A retry plans its round (`portal.execution.retry_round`), then runs it.
+        JobStatus.PARTIALLY_SUCCEEDED: frozenset({JobStatus.PLANNING}),
+        JobStatus.FAILED: frozenset({JobStatus.PLANNING}),
         JobStatus.CANCELLED: frozenset(),
-        JobStatus.EXPIRED: frozenset({JobStatus.RUNNING}),
+        JobStatus.EXPIRED: frozenset({JobStatus.PLANNING}),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
