@@ -1,10 +1,12 @@
-"""A tenant's monthly budget (`Quota.monthly_budget`) held against a job's low cost estimate.
+"""A tenant's monthly budget (`Quota.monthly_budget`) held against what its jobs are expected to cost.
 
 What a tenant has spent in a month is what its ledger lines of the month cost (`portal.jobs.billing`)
-plus what its jobs not yet ended hold: each job submitted under a budget holds its dry run's low
-estimate (`BudgetHold`) until it ends and its ledger line counts instead. A job whose low estimate
-passes the budget less that spend is refused at submission, with the quota row locked so that two
-submissions cannot both take the last of it. Budgets are in the deployment's currency.
+plus what its jobs not yet ended hold: each job submitted (or retried) under a budget holds its dry
+run's hold (`CostEstimate.hold`: the whole input, the output its params allow, the dearest price) in a
+`BudgetHold` until it ends and its ledger line counts instead. A job whose hold passes the budget less
+that spend is refused at submission or retry, with the quota row locked so that two requests cannot
+both take the last of it; a running job that reaches the budget is stopped (`budget_reached`).
+Budgets are in the deployment's currency.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class BudgetLine:
     spent: Decimal
     """This month's ledger lines' cost plus the holds of the tenant's jobs not ended."""
     adds: Decimal
-    """The job's low cost estimate."""
+    """What the job holds (`CostEstimate.hold`)."""
     currency: str
 
     @property
@@ -49,7 +51,7 @@ class BudgetLine:
             return None
         return (
             f"quota {QUOTA} exceeded: budget {self.limit} {self.currency}, spent {self.spent:.2f} this month "
-            f"(ended jobs and the low estimates of jobs not ended), this job's low estimate {self.adds}"
+            f"(ended jobs and the holds of jobs not ended), this job holds {self.adds}"
         )
 
     def exceeded(self) -> QuotaExceeded:
@@ -71,25 +73,25 @@ def month_spend(tenant_id: int) -> Decimal:
     return settled + (held["total"] or ZERO)
 
 
-def budget_line(quota: Quota, *, low: Decimal) -> BudgetLine | None:
-    """The tenant's budget held against a job of low estimate `low`; None: the quota sets no budget."""
+def budget_line(quota: Quota, *, hold: Decimal) -> BudgetLine | None:
+    """The tenant's budget held against a job that holds `hold`; None: the quota sets no budget."""
     if quota.monthly_budget is None:
         return None
     return BudgetLine(
         limit=quota.monthly_budget,
         spent=month_spend(quota.tenant_id),
-        adds=low,
+        adds=hold,
         currency=settings.BATCHERY_CURRENCY,
     )
 
 
-def budget_reserve(quota: Quota, *, job_id: str | uuid.UUID, low: Decimal) -> None:
-    """Hold the job's low estimate against the budget of `quota`, whose row the caller has locked; raise
+def budget_reserve(quota: Quota, *, job_id: str | uuid.UUID, hold: Decimal) -> None:
+    """Hold `hold` for the job against the budget of `quota`, whose row the caller has locked; raise
     `QuotaExceeded` where it does not fit. A quota without a budget holds nothing."""
-    line = budget_line(quota, low=low)
+    line = budget_line(quota, hold=hold)
     if line is None:
         return
     if line.refused is not None:
         raise line.exceeded()
     # A retry round's hold replaces the one its job held at submission (one hold a job, counted while it runs).
-    BudgetHold.objects.update_or_create(job_id=job_id, defaults={"tenant_id": quota.tenant_id, "amount": low})
+    BudgetHold.objects.update_or_create(job_id=job_id, defaults={"tenant_id": quota.tenant_id, "amount": hold})

@@ -74,7 +74,7 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
     with transaction.atomic():
         # While the round runs the job counts as not ended again, with its records: held as a submission is.
         quota = quota_reserve(job.tenant, input_bytes=0, records=job.total_records)
-        budget_reserve(quota, job_id=job_id, low=hold)
+        budget_reserve(quota, job_id=job_id, hold=hold)
         moved = job_transition(
             job_id=job_id, source=job.status, target=JobStatus.PLANNING, retry_round=round_, error="", finished_at=None
         )
