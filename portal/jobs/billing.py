@@ -120,6 +120,15 @@ def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
         }
         for split in usage.adapters.all()
     ]
+    return line_cost(usage, splits=splits, gpu_class_id=usage.model.gpu_class_id, book=book)
+
+
+def line_cost(
+    usage: JobUsage, *, splits: Iterable[Mapping[str, Any]], gpu_class_id: int | None, book: PriceBook | None = None
+) -> Decimal:
+    """The cost of a ledger line from its figures and its split by adapter (`parts_of`'s `splits`), at the
+    prices in force the day it was recorded, rounded to the minor unit: what `usage_record` keeps on it."""
+    book = book or PriceBook(model_ids=[usage.model_id])
     whole = {
         "adapter_id": None,
         "records": usage.records_succeeded + usage.records_failed,
@@ -133,7 +142,7 @@ def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
         whole=whole,
     )
     day = usage.recorded_at.astimezone(dt.UTC).date()
-    return parts_cost(parts, book=book, model_id=usage.model_id, gpu_class_id=usage.model.gpu_class_id, day=day)
+    return parts_cost(parts, book=book, model_id=usage.model_id, gpu_class_id=gpu_class_id, day=day)
 
 
 def usage_costs(lines: Iterable[JobUsage]) -> dict[Any, Decimal]:
@@ -165,15 +174,6 @@ def usage_freeze(lines: Iterable[JobUsage]) -> None:
 def priced_lines(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
     """Ledger lines read with what pricing them needs."""
     return usage.select_related("model", "tenant").prefetch_related("adapters")
-
-
-def usage_price(*, job_id: Any) -> Decimal:
-    """Price the ledger line of a job just written (by `usage_record`, in its ending's transaction) and keep
-    the cost on it: from now on it is the line's cost, whatever changes in the catalog."""
-    line = priced_lines(JobUsage.objects.filter(pk=job_id)).get()
-    cost = usage_cost(line, book=PriceBook(model_ids=[line.model_id]))
-    JobUsage.objects.filter(pk=job_id).update(cost=cost)
-    return cost
 
 
 def kept_costs(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
 from portal.catalog.money import ZERO, to_minor_unit
-from portal.jobs.billing import kept_costs
+from portal.jobs.billing import job_cost_so_far, kept_costs
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.usage import month_of
@@ -64,13 +65,37 @@ class BudgetLine:
         )
 
 
-def month_spend(tenant_id: int) -> Decimal:
-    """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds."""
-    lines = kept_costs(JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())))
+def month_spend(tenant_id: int, *, excluding: Any = None) -> Decimal:
+    """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds; `excluding`,
+    a job id, leaves that job's line and hold out."""
+    lines = kept_costs(
+        JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())).exclude(job_id=excluding)
+    )
     settled = to_minor_unit(lines.aggregate(total=Sum("cost"))["total"] or ZERO, settings.BATCHERY_CURRENCY)
-    open_jobs = Job.objects.filter(tenant_id=tenant_id).exclude(status__in=FINAL_STATUSES).values("id")
-    held = BudgetHold.objects.filter(tenant_id=tenant_id, job_id__in=open_jobs).aggregate(total=Sum("amount"))
+    open_jobs = Job.objects.filter(tenant_id=tenant_id).exclude(status__in=FINAL_STATUSES).exclude(pk=excluding)
+    held = BudgetHold.objects.filter(tenant_id=tenant_id, job_id__in=open_jobs.values("id")).aggregate(
+        total=Sum("amount")
+    )
     return settled + (held["total"] or ZERO)
+
+
+def budget_reached(job: Job) -> str | None:
+    """Why a running job must stop at its tenant's monthly budget; None: it may go on (or no budget is set).
+
+    Reached when the rest of the month's spend (other jobs' lines and holds) and what this job's settled
+    shards cost so far (all its rounds, at today's prices) come to the budget: its hold was a forecast, and a
+    job that costs more than forecast stops there instead of running the tenant past its budget."""
+    limit = Quota.objects.filter(tenant_id=job.tenant_id).values_list("monthly_budget", flat=True).first()
+    if limit is None:
+        return None
+    others = month_spend(job.tenant_id, excluding=job.pk)
+    own = job_cost_so_far(job)
+    if others + own < limit:
+        return None
+    return (
+        f"quota {QUOTA} reached: budget {limit} {settings.BATCHERY_CURRENCY}, spent {others:.2f} by other jobs "
+        f"this month and {own:.2f} by this one"
+    )
 
 
 def budget_line(quota: Quota, *, hold: Decimal) -> BudgetLine | None:
