@@ -37,6 +37,9 @@ from portal.catalog.money import MILLION, ZERO, to_minor_unit
 from portal.catalog.pricing import PriceBook
 from portal.jobs.models import UNSETTLED, Job, JobUsage
 
+FREEZE_BATCH = 1000
+"""Old lines priced and kept per statement on their first read."""
+
 
 @dataclass(frozen=True)
 class Consumption:
@@ -160,15 +163,16 @@ def _minor(kept: Decimal | None) -> Decimal:
 def usage_freeze(lines: Iterable[JobUsage]) -> None:
     """Price lines that have no kept cost (read with `priced_lines`), with one read of the prices, and keep it.
 
-    Only a line whose cost is still empty is written, so that two readers freezing the same old line at once
-    keep the same figure, and a line's cost, once kept, is never written again but by its job's next ending."""
+    Called only for lines whose cost is empty: a line's cost, once kept, is never written again but by its
+    job's next ending."""
     lines = list(lines)
     if not lines:
         return
     book = PriceBook(model_ids={line.model_id for line in lines})
     for line in lines:
         line.cost = usage_cost(line, book=book)
-        JobUsage.objects.filter(pk=line.pk, cost__isnull=True).update(cost=line.cost)
+    # Two readers freezing the same old line at once price it alike: the same prices, the same day.
+    JobUsage.objects.bulk_update(lines, ["cost"], batch_size=FREEZE_BATCH)
 
 
 def priced_lines(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
