@@ -177,7 +177,7 @@ def test_a_job_run_past_its_budget_stops_with_its_finished_work_kept(
             ):
                 assert time.monotonic() < deadline, job
                 time.sleep(0.2)
-            output = client.get(f"/api/v1/jobs/{job_id}/output")
+            output = client.get(f"/api/v1/jobs/{job_id}/output/", follow_redirects=True)
         assert job["status"] == "partially_succeeded" and "budget_exceeded" in job["error"], job
         lines = [orjson.loads(line) for line in output.content.splitlines()]
         kept = sum("response" in line for line in lines)
