@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.api.error_types import API_PREFIXES, ERROR_TYPES
+from portal.catalog.protection import protected_message
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import InputTooLarge, SubmissionError
 
@@ -124,15 +125,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     # Errors are JSON even where the negotiated renderer is a download's.
     response.content_type = "application/json"
     return response
-
-
-def protected_message(exc: ProtectedError) -> str:
-    """Why a delete is refused: what still refers to the object (a price, a ledger line), which it must outlive."""
-    kinds = sorted({str(obj._meta.verbose_name_plural) for obj in exc.protected_objects})
-    return (
-        f"it cannot be deleted: {', '.join(kinds)} refer to it, and past bills and the operators' prices are kept "
-        "whatever is deleted later; disable it instead"
-    )
 
 
 def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
