@@ -30,6 +30,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.catalog.models import Price
@@ -216,23 +217,22 @@ def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
 
 def job_cost_so_far(job: Job) -> Decimal:
     """What a job's ended shards cost so far (its settled tokens and seconds), at today's prices;
-    once it ends, its ledger line's cost is the one billed."""
-    shards = list(
-        job.shards.exclude(status__in=UNSETTLED).values(
-            "record_count",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_prompt_tokens",
-            "compute_seconds",
-            "load_seconds",
-            "adapter_usage",
-        )
+    once it ends, its ledger line's cost is the one billed. Summed in the database: the budget asks it at
+    every settling of a running job, so only the shards that ran adapters are read row by row."""
+    settled = job.shards.exclude(status__in=UNSETTLED)
+    sums = settled.aggregate(
+        records=Coalesce(Sum("record_count"), 0),
+        prompt=Coalesce(Sum("prompt_tokens"), 0),
+        completion=Coalesce(Sum("completion_tokens"), 0),
+        cached=Coalesce(Sum("cached_prompt_tokens"), 0),
+        compute=Coalesce(Sum("compute_seconds"), 0.0),
+        load=Coalesce(Sum("load_seconds"), 0.0),
     )
-    seconds = sum((_decimal(row["compute_seconds"]) + _decimal(row["load_seconds"]) for row in shards), ZERO)
+    seconds = _decimal(sums["compute"]) + _decimal(sums["load"])
     ids = {key: entry["id"] for key, entry in _adapter_keys(job).items()}
     by_adapter: dict[str, list[int]] = {}
-    for row in shards:
-        for key, counts in (row["adapter_usage"] or {}).items():
+    for usage in settled.exclude(adapter_usage={}).values_list("adapter_usage", flat=True) if job.adapters else ():
+        for key, counts in (usage or {}).items():
             summed = by_adapter.setdefault(key, [0, 0, 0, 0])
             for position, count in enumerate(counts):
                 summed[position] += count
@@ -242,13 +242,13 @@ def job_cost_so_far(job: Job) -> Decimal:
     ]
     whole = {
         "adapter_id": None,
-        "records": sum(row["record_count"] for row in shards),
-        "prompt_tokens": sum(row["prompt_tokens"] for row in shards),
-        "completion_tokens": sum(row["completion_tokens"] for row in shards),
+        "records": sums["records"],
+        "prompt_tokens": sums["prompt"],
+        "completion_tokens": sums["completion"],
     }
     parts = parts_of(
         gpu_seconds=seconds * job.model.gpus_per_replica,
-        cached_prompt_tokens=sum(row["cached_prompt_tokens"] for row in shards),
+        cached_prompt_tokens=sums["cached"],
         splits=splits,
         whole=whole,
     )
