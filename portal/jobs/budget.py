@@ -18,11 +18,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.catalog.money import ZERO, to_minor_unit
 from portal.jobs.billing import job_cost_so_far, kept_costs
-from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
+from portal.jobs.cost_estimate import cost_estimate
+from portal.jobs.models import FINAL_STATUSES, Job, JobUsage, ShardStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.usage import month_of
 from portal.tenancy.models import BudgetHold, Quota
@@ -82,20 +84,39 @@ def month_spend(tenant_id: int, *, excluding: Any = None) -> Decimal:
 def budget_reached(job: Job) -> str | None:
     """Why a running job must stop at its tenant's monthly budget; None: it may go on (or no budget is set).
 
-    Reached when the rest of the month's spend (other jobs' lines and holds) and what this job's settled
-    shards cost so far (all its rounds, at today's prices) come to the budget: its hold was a forecast, and a
-    job that costs more than forecast stops there instead of running the tenant past its budget."""
+    Reached when the rest of the month's spend (other jobs' lines and holds), what this job's settled shards
+    cost so far (all its rounds, at today's prices) and the estimated seconds of its shards still running (at
+    the dearest of its prices) come to the budget: its hold was a forecast, and a job that costs more than
+    forecast stops there instead of running the tenant past its budget."""
     limit = Quota.objects.filter(tenant_id=job.tenant_id).values_list("monthly_budget", flat=True).first()
     if limit is None:
         return None
     others = month_spend(job.tenant_id, excluding=job.pk)
-    own = job_cost_so_far(job)
+    own = job_cost_so_far(job) + _in_flight(job)
     if others + own < limit:
         return None
     return (
         f"quota {QUOTA} reached: budget {limit} {settings.BATCHERY_CURRENCY}, spent {others:.2f} by other jobs "
-        f"this month and {own:.2f} by this one"
+        f"this month and {own:.2f} by this one (its shards still running estimated)"
     )
+
+
+def _in_flight(job: Job) -> Decimal:
+    """What the job's shards sent and not yet settled are expected to cost: their estimated GPU-seconds."""
+    seconds = job.shards.filter(status=ShardStatus.DISPATCHED, round=job.retry_round).aggregate(
+        total=Coalesce(Sum("estimated_seconds"), 0.0)
+    )["total"]
+    if not seconds:
+        return ZERO
+    adapter_ids = [int(entry["id"]) for entry in job.adapters.values()]
+    return cost_estimate(
+        model=job.model,
+        adapter_ids=adapter_ids,
+        gpu_seconds=seconds * job.model.gpus_per_replica,
+        input_tokens=0,
+        records=0,
+        params={},
+    ).hold
 
 
 def budget_line(quota: Quota, *, hold: Decimal) -> BudgetLine | None:

@@ -34,8 +34,9 @@ def merges_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]
     return sent
 
 
-def _two_shard_job(root: Path, gpu_class: Any, *, budget: str | None) -> Job:
-    """A running job of two shards whose first ran 100 GPU-seconds (at 1 each) and committed; the second waits."""
+def _two_shard_job(root: Path, gpu_class: Any, *, budget: str | None, running_s: float = 1.0) -> Job:
+    """A running job of two shards whose first ran 100 GPU-seconds (at 1 each) and committed; the second, expected
+    to take `running_s`, runs."""
     model = ModelFactory(name="budget-model", gpu_class=gpu_class, is_default=False)
     price(model, per_gpu_second="1", effective_from=timezone.now().date())
     tenant = TenantFactory(name="thrifty")
@@ -72,7 +73,7 @@ def _two_shard_job(root: Path, gpu_class: Any, *, budget: str | None) -> Job:
             record_count=RECORDS,
             input_uri=(prefix / "input.jsonl").as_uri(),
             prefix_uri=prefix.as_uri(),
-            estimated_seconds=1.0,
+            estimated_seconds=running_s,
             status="dispatched",
         )
     write_commit(job.shards.get(index=0), compute_seconds=100.0)
@@ -104,3 +105,11 @@ def test_a_job_within_its_budget_or_without_one_runs_on(
     within = _two_shard_job(tmp_path / "a", gpu_class, budget="500")
     endings_settle([ShardEnding(str(within.pk), 0)])
     assert merges_sent == [] and Job.objects.get(pk=within.pk).status == JobStatus.RUNNING
+
+
+def test_the_shards_still_running_count_at_their_estimate(
+    gpu_class: Any, tmp_path: Path, merges_sent: list[tuple[str, str | None]]
+) -> None:
+    job = _two_shard_job(tmp_path, gpu_class, budget="150", running_s=60.0)  # 100 settled + 60 running
+    endings_settle([ShardEnding(str(job.pk), 0)])
+    assert merges_sent == [(str(job.pk), BUDGET_STOP)]
