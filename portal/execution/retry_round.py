@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from portal.execution.endings import merge_when_settled
 from portal.execution.merge_order import shard_positions
@@ -28,11 +30,16 @@ from portal.execution.shard_writer import ShardWriter
 from portal.jobs.models import Job, JobStatus, Shard
 from portal.jobs.storage_layout import job_root
 from portal.jobs.transitions import job_transition
+from tasks.shared.config import LEASE_TTL_S
 from tasks.shared.formats.records import Record, input_field_for
 from tasks.shared.stops import clear_stop
 from tasks.shared.storage import store_for
 
 logger = logging.getLogger(__name__)
+
+BEAT_RECORDS = 4096
+"""Records read between looks at the clock for the heartbeat."""
+BEAT_EVERY_S = LEASE_TTL_S / 3
 
 
 def _failed_ids(job: Job) -> Iterator[str]:
@@ -40,6 +47,24 @@ def _failed_ids(job: Job) -> Iterator[str]:
     with store_for(job.errors_uri).open_read(job.errors_uri) as errors:
         for line in errors:
             yield orjson.loads(line)["custom_id"]
+
+
+class _Heartbeat:
+    """Keeps the job's `updated_at` fresh while its round is cut, as the planner does, so that the reconciler
+    does not take a live cut for a dead one when the plan lease was lost with Redis; False once the job left
+    `planning` (cancelled meanwhile), and the cut stops."""
+
+    def __init__(self, job_id: str) -> None:
+        self._job_id = job_id
+        self._records = 0
+        self._at = time.monotonic()
+
+    def __call__(self) -> bool:
+        self._records += 1
+        if self._records % BEAT_RECORDS or time.monotonic() - self._at < BEAT_EVERY_S:
+            return True
+        self._at = time.monotonic()
+        return bool(Job.objects.filter(pk=self._job_id, status=JobStatus.PLANNING).update(updated_at=timezone.now()))
 
 
 def _last_round_records(job: Job, round_: int) -> Iterator[dict[str, Any]]:
@@ -91,11 +116,16 @@ def retry_round_plan(job: Job) -> None:
     first = (job.shards.exclude(round=round_).aggregate(last=Max("index"))["last"] or 0) + 1
     writer = ShardWriter(root, ShardCut.for_job(job), input_field=input_field_for(job.model.task), first_index=first)
     picked = unmatched = 0
+    alive = _Heartbeat(job_id)
     try:
         records = _last_round_records(job, round_)
         for failed_id in _failed_ids(job):
             # Both in input order: skip the records that succeeded up to the next failed one.
             for data in records:
+                if not alive():
+                    writer.abort()
+                    logger.info("job %s left planning while its retry round was cut", job_id)
+                    return
                 if data["custom_id"] == failed_id:
                     writer.add(Record(line=0, custom_id=failed_id, data=data))
                     picked += 1
