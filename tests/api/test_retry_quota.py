@@ -113,3 +113,33 @@ def test_a_retry_within_the_quota_holds_its_round_and_leaves_the_cut_to_the_plan
         for line in store_for(shard.input_uri).read_bytes(shard.input_uri).splitlines()
     ]
     assert [line.split(b'"custom_id":"')[1].split(b'"')[0].decode() for line in cut] == [f"r{n}" for n in FAILED]
+
+
+def test_the_round_is_cut_reading_the_error_file_and_each_shard_input_once(
+    ended_with_failures: tuple[Caller, Job], django_capture_on_commit_callbacks: Any, monkeypatch: Any
+) -> None:
+    from portal.execution import retry_round
+
+    alice, job = ended_with_failures
+    opened: list[str] = []
+
+    store = store_for(job.errors_uri)  # one store for the job's files
+    real = store.open_read
+
+    def open_read(target: str) -> Any:
+        opened.append(target)
+        return real(target)
+
+    monkeypatch.setattr(store, "open_read", open_read)
+
+    def counting(uri: str) -> Any:
+        assert store_for(uri) is store
+        return store
+
+    monkeypatch.setattr(retry_round, "store_for", counting)
+    assert _retry(alice, job).status_code == 200
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.pk))
+    inputs = list(Shard.objects.filter(job=job, round=0).order_by("index").values_list("input_uri", flat=True))
+    # The last failed record is in the last shard: every input is read, each once, after the error file.
+    assert opened == [job.errors_uri, *inputs]
