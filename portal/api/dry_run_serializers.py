@@ -69,14 +69,18 @@ class CostEstimateSerializer(serializers.Serializer):
     )
     currency = serializers.CharField(help_text="ISO 4217 code: the deployment's one currency.")
     priced = serializers.BooleanField(help_text="False: the model has no price in force, so the job costs nothing.")
+    hold = serializers.CharField(
+        help_text="What the monthly budget holds for the job while it runs: its whole input, the output its params "
+        "allow (max_tokens, or the model's default, times n), at the dearest of its model's and adapters' prices."
+    )
 
 
 class BudgetLineSerializer(serializers.Serializer):
     limit = serializers.CharField(help_text="The tenant's monthly budget, a decimal string.")
     spent = serializers.CharField(
-        help_text="This month's ended jobs' cost plus the low estimates of the tenant's jobs not ended."
+        help_text="This month's ended jobs' cost plus the holds of the tenant's jobs not ended."
     )
-    adds = serializers.CharField(help_text="This job's low estimate.")
+    adds = serializers.CharField(help_text="What this job holds (cost.hold).")
     left = serializers.CharField(help_text="What would be left; below 0: over the budget.")
     currency = serializers.CharField()
     refused = serializers.CharField(allow_null=True, help_text="Why a submission would be refused; null: it fits.")
@@ -125,5 +129,5 @@ class DryRunReportSerializer(serializers.Serializer):
     quota = QuotaLineSerializer(many=True)
     cost = CostEstimateSerializer(help_text="The bounds of the job's cost at today's prices.")
     budget = BudgetLineSerializer(
-        allow_null=True, help_text="The tenant's monthly budget held against the low estimate; null: none set."
+        allow_null=True, help_text="The tenant's monthly budget held against the job's hold; null: none set."
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db.models import ProtectedError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -24,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.api.error_types import API_PREFIXES, ERROR_TYPES
+from portal.catalog.protection import protected_message
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import InputTooLarge, SubmissionError
 
@@ -101,6 +103,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound("no such object (or not one of your tenant's)")
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or None)
+    elif isinstance(exc, ProtectedError):
+        exc = conflict(protected_message(exc))
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -259,14 +259,18 @@ class Price(models.Model):
     or before it), so that a new price leaves past months' bills as they were: prices are added, not
     edited, once in force (the admin makes them read-only). Of the prices in force, one for the job's
     adapter beats one for its model, one for its GPU class beats one for any class, then the newest wins.
+
+    A price outlives nothing it prices: its model, adapter and GPU class cannot be deleted while it exists
+    (PROTECT), so that deleting a catalog entry never takes the operator's price history with it; the
+    ledger lines it priced keep their cost anyway (`JobUsage.cost`, frozen when the line is written).
     """
 
-    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="prices")
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="prices")
     adapter = models.ForeignKey(
         Adapter,
         null=True,
         blank=True,
-        on_delete=models.CASCADE,
+        on_delete=models.PROTECT,
         related_name="prices",
         help_text="An adapter of the model priced apart; empty: the model and every adapter without its own price.",
     )
@@ -274,7 +278,7 @@ class Price(models.Model):
         GpuClass,
         null=True,
         blank=True,
-        on_delete=models.CASCADE,
+        on_delete=models.PROTECT,
         related_name="prices",
         help_text="Empty: any GPU class; a price for the class a job ran on beats it.",
     )

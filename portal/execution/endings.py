@@ -17,6 +17,7 @@ from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, F, OuterRef, Q
 
 from gpuworkers.logs import log_context
+from portal.execution.budget_stop import jobs_within_budget
 from portal.execution.costs import shard_cost_estimate
 from portal.execution.decayed_usage import usage_charge
 from portal.execution.dispatch import job_queue
@@ -91,13 +92,11 @@ def endings_settle(endings: Iterable[ShardEnding | tuple[str, int]]) -> None:
     ledger.flush()
     for queue in sorted({job_queue(job) for job in jobs.values()}):
         schedule_queue(queue)
-    running: list[Job] = []
-    for job in settled_jobs:
-        if not merge_when_settled(job, inline_small=True):
-            # Stitch what has finished now, so the merge at the end has only the tail left.
-            if _advance_due(job):
-                job_merge_advance(job_id=str(job.id), worker="settle")
-            running.append(job)
+    running = jobs_within_budget([job for job in settled_jobs if not merge_when_settled(job, inline_small=True)])
+    for job in running:
+        # Stitch what has finished now, so the merge at the end has only the tail left.
+        if _advance_due(job):
+            job_merge_advance(job_id=str(job.id), worker="settle")
     # A job that merges now tells its end instead (`job_ended`): a one-record job's ending asked for
     # its tenant's endpoints twice.
     jobs_progressed.send(sender=Job, jobs=running)

@@ -67,6 +67,11 @@ logger = logging.getLogger(__name__)
 
 COPY_BUFFER_BYTES = 1024 * 1024
 STOP_ENDINGS = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
+BUDGET_STOP = "budget_exceeded"
+"""The stop of a job whose tenant's monthly budget was reached while it ran (`budget_stop`): it ends as a job
+with failed records does (partially succeeded, or failed where none succeeded), its finished work kept and
+downloadable, its unfinished records `budget_exceeded` errors that a retry may run once the budget allows."""
+STOP_MESSAGES = {BUDGET_STOP: "the tenant's monthly budget (quota monthly_budget) was reached before this record ran"}
 ADVANCING = (JobStatus.RUNNING, JobStatus.PAUSED)
 """Statuses whose shards may still settle, and so be stitched as they do."""
 MERGE_LOCK = "batchery:merge:{job_id}"
@@ -322,7 +327,7 @@ def _outcomes_when_settled(shards: list[Shard]) -> list[ShardOutcome] | None:
 
 def _stopped_outcomes(shards: list[Shard], reason: str) -> list[ShardOutcome]:
     outcomes = []
-    message = f"the job was {reason} before this record ran"
+    message = STOP_MESSAGES.get(reason, f"the job was {reason} before this record ran")
     for shard in shards:
         manifest = read_manifest(shard)
         outcomes.append(ShardOutcome(shard=shard, manifest=manifest, failure=message, code=reason))
@@ -386,7 +391,7 @@ def job_merge(*, job_id: str, stop: str | None = None, worker: str = "merger") -
     # A merge that died mid-way (its message redelivered, or sent again by the reconciler) resumes.
     if stop == "cancelled":
         resumable = {JobStatus.CANCELLING}
-    elif stop == "expired":
+    elif stop in ("expired", BUDGET_STOP):
         resumable = {JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.MERGING}  # a deadline runs on while paused
     else:
         resumable = {JobStatus.RUNNING, JobStatus.MERGING}
@@ -473,7 +478,19 @@ def _merge(job: Job, *, stop: str | None) -> None:
             return
     job_manifest_write(job, manifest)
     ending: str
-    if stop:
+    if stop == BUDGET_STOP:
+        ending, source = _ending(succeeded, failed), JobStatus.MERGING
+        unfinished = sum(1 for o in outcomes if o.manifest is None)
+        error = (
+            ""
+            if not unfinished
+            else (
+                f"{BUDGET_STOP}: the tenant's monthly budget (quota monthly_budget) was reached while the job ran; "
+                f"{unfinished} of {len(outcomes)} shards had not finished, their records are '{BUDGET_STOP}' errors; "
+                "finished records are kept"
+            )
+        )
+    elif stop:
         ending, source = STOP_ENDINGS[stop], (JobStatus.CANCELLING if stop == "cancelled" else JobStatus.MERGING)
         unfinished = sum(1 for o in outcomes if o.manifest is None)
         error = f"{stop}: {unfinished} of {len(outcomes)} shards had not finished; their records are '{stop}' errors"

@@ -57,6 +57,7 @@ from portal.execution.endings import merge_when_settled
 from portal.execution.input_digest import input_digest
 from portal.execution.plan_grouped import GroupedShardWriter, grouped_shards_create
 from portal.execution.prefix_groups import PrefixGrouping, prefix_grouping, prefix_key_for
+from portal.execution.retry_round import retry_round_plan
 from portal.execution.scheduler import schedule_job, schedule_queue
 from portal.execution.shard_cut import PlannedShard, ShardCut
 from portal.execution.shard_writer import ShardWriter
@@ -376,6 +377,10 @@ def job_plan(*, job_id: str, worker: str = "planner") -> None:
 
 def _plan(job_id: str, *, resumed: bool) -> None:
     job = Job.objects.select_related("model__gpu_class", "tenant").get(pk=job_id)
+    if job.retry_round:
+        # A retry round: only the last round's failed records are cut, from its shard inputs.
+        retry_round_plan(job)
+        return
     limit = settings.BATCHERY_MAX_REPORTED_PROBLEMS
     dispatch = StreamingDispatch(job)
     input_field = input_field_for(job.model.task)

@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from portal.audit.admin import admin_actor
 from portal.jobs.chargeback import chargeback_rows, chargeback_write, parse_month
 from portal.jobs.models import Job, JobUsage, Shard
+from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.rerun import job_rerun
@@ -108,7 +109,7 @@ class JobAdmin(admin.ModelAdmin):
         for job in queryset:
             try:
                 retried = job_retry(job=job, actor=admin_actor(request))
-            except CannotRetry as exc:
+            except (CannotRetry, QuotaExceeded) as exc:
                 self.message_user(request, f"not retried: {exc}", messages.WARNING)
             except StorageError as exc:
                 self.message_user(request, f"job {job.id} not retried: its errors file: {exc}", messages.ERROR)

@@ -1,8 +1,10 @@
 """What jobs cost: the usage ledger priced by the catalog's prices (`portal.catalog.pricing`).
 
-Costs are computed, not stored: a ledger line is priced by the prices in force on the day it was
-recorded (`Price.effective_from`), and prices in force are not edited, so a new price never rewrites
-a past month. The rule for one line:
+A ledger line is priced once, when it is written (`usage_record`), by the prices in force on the day
+it was recorded (`Price.effective_from`), and its cost is kept on the line (`JobUsage.cost`): a bill's
+lines never change after the fact, whatever price, adapter or model is added or deleted later. Every
+reader (the usage API, the chargeback, the budget) reads the kept cost; a line written before costs
+were kept is priced on its first read and kept from then on. The rule for one line:
 
     cost = sum over its parts [ gpu_seconds * per GPU-second
                               + (prompt - cached) * input price + cached * cached-input price
@@ -27,13 +29,17 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.catalog.models import Price
 from portal.catalog.money import MILLION, ZERO, to_minor_unit
 from portal.catalog.pricing import PriceBook
 from portal.jobs.models import UNSETTLED, Job, JobUsage
+
+FREEZE_BATCH = 1000
+"""Old lines priced and kept per statement on their first read."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,15 @@ def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
         }
         for split in usage.adapters.all()
     ]
+    return line_cost(usage, splits=splits, gpu_class_id=usage.model.gpu_class_id, book=book)
+
+
+def line_cost(
+    usage: JobUsage, *, splits: Iterable[Mapping[str, Any]], gpu_class_id: int | None, book: PriceBook | None = None
+) -> Decimal:
+    """The cost of a ledger line from its figures and its split by adapter (`parts_of`'s `splits`), at the
+    prices in force the day it was recorded, rounded to the minor unit: what `usage_record` keeps on it."""
+    book = book or PriceBook(model_ids=[usage.model_id])
     whole = {
         "adapter_id": None,
         "records": usage.records_succeeded + usage.records_failed,
@@ -131,19 +146,46 @@ def usage_cost(usage: JobUsage, *, book: PriceBook) -> Decimal:
         whole=whole,
     )
     day = usage.recorded_at.astimezone(dt.UTC).date()
-    return parts_cost(parts, book=book, model_id=usage.model_id, gpu_class_id=usage.model.gpu_class_id, day=day)
+    return parts_cost(parts, book=book, model_id=usage.model_id, gpu_class_id=gpu_class_id, day=day)
 
 
 def usage_costs(lines: Iterable[JobUsage]) -> dict[Any, Decimal]:
-    """Each ledger line's cost by job id, pricing them all with one read of the prices."""
+    """Each ledger line's kept cost by job id; a line without one yet is priced now and kept (`usage_freeze`)."""
     lines = list(lines)
+    usage_freeze([line for line in lines if line.cost is None])
+    return {line.job_id: _minor(line.cost) for line in lines}
+
+
+def _minor(kept: Decimal | None) -> Decimal:
+    # A kept cost is already whole minor units; the column's ten places are only its storage.
+    return to_minor_unit(kept or ZERO, settings.BATCHERY_CURRENCY)
+
+
+def usage_freeze(lines: Iterable[JobUsage]) -> None:
+    """Price lines that have no kept cost (read with `priced_lines`), with one read of the prices, and keep it.
+
+    Called only for lines whose cost is empty: a line's cost, once kept, is never written again but by its
+    job's next ending."""
+    lines = list(lines)
+    if not lines:
+        return
     book = PriceBook(model_ids={line.model_id for line in lines})
-    return {line.job_id: usage_cost(line, book=book) for line in lines}
+    for line in lines:
+        line.cost = usage_cost(line, book=book)
+    # Two readers freezing the same old line at once price it alike: the same prices, the same day.
+    JobUsage.objects.bulk_update(lines, ["cost"], batch_size=FREEZE_BATCH)
 
 
 def priced_lines(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
     """Ledger lines read with what pricing them needs."""
     return usage.select_related("model", "tenant").prefetch_related("adapters")
+
+
+def kept_costs(usage: QuerySet[JobUsage]) -> QuerySet[JobUsage]:
+    """`usage` once every line of it has its cost kept (old lines priced now, once), ready to be summed in the
+    database: a bill's reads cost one grouped query, not the pricing of every line."""
+    usage_freeze(priced_lines(usage.filter(cost__isnull=True)))
+    return usage.order_by()
 
 
 @dataclass(frozen=True)
@@ -156,13 +198,17 @@ class PeriodCost:
 
 
 def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
-    """The lines' costs summed per month and, within it, per model. Read line by line: a month holds
-    jobs by the thousand, not the million, and each line may have its own price."""
-    lines = list(priced_lines(usage))
-    costs = usage_costs(lines)
+    """The lines' kept costs summed per month and, within it, per model, in one grouped query: each line was
+    priced once when it was written, so a closed month's figures never change and no read re-prices them."""
+    sums = (
+        kept_costs(usage)
+        .values("period", "model__name", "model__version")
+        .annotate(total=Sum("cost"))
+        .values_list("period", "model__name", "model__version", "total")
+    )
     totals: dict[dt.date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(lambda: ZERO))
-    for line in lines:
-        totals[line.period][str(line.model)] += costs[line.job_id]
+    for period, name, version, total in sums:
+        totals[period][f"{name}@{version}"] += _minor(total)
     return {
         period: PeriodCost(period=period, cost=sum(models.values(), ZERO), models=dict(sorted(models.items())))
         for period, models in totals.items()
@@ -171,23 +217,22 @@ def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
 
 def job_cost_so_far(job: Job) -> Decimal:
     """What a job's ended shards cost so far (its settled tokens and seconds), at today's prices;
-    once it ends, its ledger line's cost is the one billed."""
-    shards = list(
-        job.shards.exclude(status__in=UNSETTLED).values(
-            "record_count",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_prompt_tokens",
-            "compute_seconds",
-            "load_seconds",
-            "adapter_usage",
-        )
+    once it ends, its ledger line's cost is the one billed. Summed in the database: the budget asks it at
+    every settling of a running job, so only the shards that ran adapters are read row by row."""
+    settled = job.shards.exclude(status__in=UNSETTLED)
+    sums = settled.aggregate(
+        records=Coalesce(Sum("record_count"), 0),
+        prompt=Coalesce(Sum("prompt_tokens"), 0),
+        completion=Coalesce(Sum("completion_tokens"), 0),
+        cached=Coalesce(Sum("cached_prompt_tokens"), 0),
+        compute=Coalesce(Sum("compute_seconds"), 0.0),
+        load=Coalesce(Sum("load_seconds"), 0.0),
     )
-    seconds = sum((_decimal(row["compute_seconds"]) + _decimal(row["load_seconds"]) for row in shards), ZERO)
+    seconds = _decimal(sums["compute"]) + _decimal(sums["load"])
     ids = {key: entry["id"] for key, entry in _adapter_keys(job).items()}
     by_adapter: dict[str, list[int]] = {}
-    for row in shards:
-        for key, counts in (row["adapter_usage"] or {}).items():
+    for usage in settled.exclude(adapter_usage={}).values_list("adapter_usage", flat=True) if job.adapters else ():
+        for key, counts in (usage or {}).items():
             summed = by_adapter.setdefault(key, [0, 0, 0, 0])
             for position, count in enumerate(counts):
                 summed[position] += count
@@ -197,13 +242,13 @@ def job_cost_so_far(job: Job) -> Decimal:
     ]
     whole = {
         "adapter_id": None,
-        "records": sum(row["record_count"] for row in shards),
-        "prompt_tokens": sum(row["prompt_tokens"] for row in shards),
-        "completion_tokens": sum(row["completion_tokens"] for row in shards),
+        "records": sums["records"],
+        "prompt_tokens": sums["prompt"],
+        "completion_tokens": sums["completion"],
     }
     parts = parts_of(
         gpu_seconds=seconds * job.model.gpus_per_replica,
-        cached_prompt_tokens=sum(row["cached_prompt_tokens"] for row in shards),
+        cached_prompt_tokens=sums["cached"],
         splits=splits,
         whole=whole,
     )

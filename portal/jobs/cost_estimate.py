@@ -13,7 +13,15 @@ where cheapest and dearest range over the prices of the model and of each adapte
 tokens are not known before the run: the low bound counts none, the high bound the most the job's params
 allow (`max_completion_tokens` or `max_tokens`); a generating job whose params set neither has no high
 bound (None), as a record's own params may ask for more. An embedding or classifying job makes none.
-The budget quota holds a job to its low bound: what it will cost at least.
+
+The budget quota holds a job to its `hold`, what it is expected to cost without favour:
+
+    hold = (gpu_seconds * dearest per-second + input_tokens * dearest input price
+            + records * output_tokens * n * dearest output price) * reach
+
+where output_tokens is `max_completion_tokens` or `max_tokens` of the job's params over the model's
+defaults (the engines' own default, 16, where neither sets it) and n the completions asked per record;
+`reach` extends a sample read from the start of the input to the whole input's size (1: all was read).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from portal.catalog.models import Model
+from portal.catalog.models import Model, Price
 from portal.catalog.money import MILLION, ZERO, to_minor_unit
 from portal.catalog.pricing import PriceBook
 
@@ -45,6 +53,8 @@ class CostEstimate:
     currency: str
     priced: bool
     """False: the model has no price in force, so the job costs nothing."""
+    hold: Decimal
+    """What the budget quota holds for the job while it runs (see the module)."""
 
 
 def cost_estimate(
@@ -56,6 +66,7 @@ def cost_estimate(
     records: int,
     params: Mapping[str, Any],
     day: dt.date | None = None,
+    reach: float = 1.0,
 ) -> CostEstimate:
     """The bounds of a job's cost from the dry run's estimates (see the module). `input_tokens` None: the
     engine has no tokenizer, so the input's tokens are bounded by 0 and, where they are priced, nothing."""
@@ -69,7 +80,7 @@ def cost_estimate(
     currency = settings.BATCHERY_CURRENCY
     if not prices:
         free = to_minor_unit(ZERO, currency)
-        return CostEstimate(low=free, high=free, currency=currency, priced=False)
+        return CostEstimate(low=free, high=free, currency=currency, priced=False, hold=free)
     factor = Decimal(repr(settings.BATCHERY_COST_ESTIMATE_FACTOR))
     seconds = Decimal(repr(float(gpu_seconds)))
     tokens = Decimal(input_tokens or 0)
@@ -92,7 +103,33 @@ def cost_estimate(
         high=None if high is None else _round_up(high, currency),
         currency=currency,
         priced=True,
+        hold=_round_up(_hold(model, prices, seconds, tokens, records, params, reach), currency),
     )
+
+
+# What the engines generate where neither the job nor the model caps it (vLLM's and OpenAI's default).
+ENGINE_DEFAULT_OUTPUT_TOKENS = 16
+
+
+def _hold(
+    model: Model,
+    prices: list[Price],
+    seconds: Decimal,
+    tokens: Decimal,
+    records: int,
+    params: Mapping[str, Any],
+    reach: float,
+) -> Decimal:
+    """The budget's hold (see the module): every figure at the dearest of the job's prices."""
+    hold = seconds * max(p.per_gpu_second for p in prices)
+    hold += tokens * max(max(p.per_million_input_tokens, p.cached_input_price) for p in prices) / MILLION
+    if model.task in GENERATING:
+        effective = {**model.default_params, **params}
+        output = _max_output_tokens(effective) or ENGINE_DEFAULT_OUTPUT_TOKENS
+        n = effective.get("n")
+        completions = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+        hold += records * output * completions * max(p.per_million_output_tokens for p in prices) / MILLION
+    return hold * Decimal(repr(max(float(reach), 1.0)))
 
 
 def _max_output_tokens(params: Mapping[str, Any]) -> int | None:

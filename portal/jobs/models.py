@@ -56,10 +56,11 @@ class Job(models.Model):
         ),
         JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED}),
         JobStatus.SUCCEEDED: frozenset(),
-        JobStatus.PARTIALLY_SUCCEEDED: frozenset({JobStatus.RUNNING}),
-        JobStatus.FAILED: frozenset({JobStatus.RUNNING}),
+        # A retry plans its round (`portal.execution.retry_round`), then runs it.
+        JobStatus.PARTIALLY_SUCCEEDED: frozenset({JobStatus.PLANNING}),
+        JobStatus.FAILED: frozenset({JobStatus.PLANNING}),
         JobStatus.CANCELLED: frozenset(),
-        JobStatus.EXPIRED: frozenset({JobStatus.RUNNING}),
+        JobStatus.EXPIRED: frozenset({JobStatus.PLANNING}),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -281,9 +282,12 @@ class JobEvent(models.Model):
 
 
 class JobUsage(models.Model):
-    """The ledger line of one job: what it used, written when it ends (and rewritten after a retry)."""
+    """The ledger line of one job: what it used, written when it ends (and rewritten after a retry).
 
-    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="usage")
+    Its `cost` is priced once, when the line is written, and kept: a bill's lines never change after the
+    fact, whatever is deleted or re-priced later. Its job cannot be deleted while the line exists."""
+
+    job = models.OneToOneField(Job, on_delete=models.PROTECT, primary_key=True, related_name="usage")
     tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="usage")
     model = models.ForeignKey("catalog.Model", on_delete=models.PROTECT, related_name="usage")
     period = models.DateField(help_text="First day of the month the job ended in.")
@@ -297,6 +301,14 @@ class JobUsage(models.Model):
     )
     gpu_seconds = models.FloatField(default=0.0, help_text="Shard load and compute time times GPUs per replica.")
     recorded_at = models.DateTimeField()
+    cost = models.DecimalField(
+        max_digits=20,
+        decimal_places=10,
+        null=True,
+        blank=True,
+        help_text="What the line costs, in BATCHERY_CURRENCY, priced when it was written at the prices in force "
+        "that day and never again; empty only on a line written before costs were kept, priced on its first read.",
+    )
 
     class Meta:
         ordering = ["-recorded_at"]

@@ -1,4 +1,4 @@
-"""The monthly budget quota: the dry run's cost bounds, and a job whose low estimate passes what is left
+"""The monthly budget quota: the dry run's cost bounds, and a job whose hold passes what is left
 of the tenant's budget refused at submission with 429, as every quota refuses."""
 
 from __future__ import annotations
@@ -44,23 +44,31 @@ def test_the_dry_run_reports_cost_bounds_at_today_s_prices(
 ) -> None:
     alice = caller("acme")
     path = write_jsonl(RECORDS)
-    assert _dry_run(alice, path)["cost"] == {"low": "0.00", "high": "0.00", "currency": "USD", "priced": False}
+    assert _dry_run(alice, path)["cost"] == {
+        "low": "0.00",
+        "high": "0.00",
+        "currency": "USD",
+        "priced": False,
+        "hold": "0.00",
+    }
     price(minilm, per_gpu_second="0.01", per_million_input_tokens=PER_TOKEN, effective_from=timezone.now().date())
     report = _dry_run(alice, path)
     tokens = report["estimated_input_tokens"]
     low, high = Decimal(report["cost"]["low"]), Decimal(report["cost"]["high"])
     # BATCHERY_COST_ESTIMATE_FACTOR, 3, either way of the tokens (at 3 each) and of the GPU-seconds.
     assert tokens > 0 and tokens <= low < tokens * 3 < tokens * 9 <= high
+    # The budget's hold: every token and second at its price, neither discounted nor inflated.
+    assert tokens * 3 <= Decimal(report["cost"]["hold"]) < tokens * 3 + 1
     assert report["cost"]["priced"] and report["budget"] is None and report["accepted"]
 
 
-def test_a_job_whose_low_estimate_passes_the_budget_left_is_refused_with_429_naming_budget_spend_and_estimate(
+def test_a_job_whose_hold_passes_the_budget_left_is_refused_with_429_naming_budget_spend_and_hold(
     caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     alice = caller("acme")
     path = write_jsonl(RECORDS)
     price(minilm, per_million_input_tokens=PER_TOKEN, effective_from=timezone.now().date())
-    low = Decimal(_dry_run(alice, path)["cost"]["low"])
+    low = Decimal(_dry_run(alice, path)["cost"]["hold"])
     # Spent this month: a job that ended, at 3 a token.
     ledger_line(alice.tenant, minilm, recorded_at=timezone.now(), prompt=10)
     Quota.objects.filter(tenant=alice.tenant).update(monthly_budget=Decimal(30) + low - Decimal("0.01"))
@@ -76,17 +84,17 @@ def test_a_job_whose_low_estimate_passes_the_budget_left_is_refused_with_429_nam
         "current": "30.00",
         "requested": str(low),
     }
-    assert "budget" in error["message"] and "low estimate" in error["message"]
+    assert "budget" in error["message"] and f"this job holds {low}" in error["message"]
     assert Job.objects.count() == 1  # the one that ended
 
 
-def test_a_job_within_the_budget_holds_its_low_estimate_so_the_next_one_counts_it(
+def test_a_job_within_the_budget_holds_its_cost_so_the_next_one_counts_it(
     caller: Callable[..., Caller], minilm: Any, write_jsonl: Callable[..., Path]
 ) -> None:
     alice = caller("acme")
     path = write_jsonl(RECORDS)
     price(minilm, per_million_input_tokens=PER_TOKEN, effective_from=timezone.now().date())
-    low = Decimal(_dry_run(alice, path)["cost"]["low"])
+    low = Decimal(_dry_run(alice, path)["cost"]["hold"])
     Quota.objects.filter(tenant=alice.tenant).update(monthly_budget=low * 2 - Decimal("0.01"))
     first = _submit(alice, path)
     assert first.status_code == 201, first.content

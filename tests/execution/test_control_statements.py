@@ -125,8 +125,9 @@ def test_an_ending_writes_its_ledger_line_and_all_its_metric_samples_in_one_stat
     assert len(samples) == 1, "the ending's counters, histograms and GPU-seconds in one write"
     assert not [sql for sql in ending if sql.startswith("SAVEPOINT")]
     # BEGIN, the move and its event, the job read once, what it charged before, its shards' sums, its
-    # round's outcomes and first start (one read), the ledger line, the samples, COMMIT.
-    assert len(ending) == 10, ending
+    # round's outcomes and first start (one read), the model's prices (the line's cost is kept on it), the
+    # ledger line, the samples, COMMIT.
+    assert len(ending) == 11, ending
 
 
 def test_a_tick_that_sends_one_shard_reads_that_shard_once(gpu_class: Any, tmp_path: Path) -> None:

@@ -134,7 +134,11 @@ def ended_with_a_failure(
 
 
 def test_retry_runs_the_failed_records_again_and_reports_a_job_with_nothing_to_retry(
-    admin_client: Client, operator: User, ended_with_a_failure: Job, minilm: Model
+    admin_client: Client,
+    operator: User,
+    ended_with_a_failure: Job,
+    minilm: Model,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     job = ended_with_a_failure
     queued = _job(job.tenant, minilm)
@@ -142,14 +146,16 @@ def test_retry_runs_the_failed_records_again_and_reports_a_job_with_nothing_to_r
     messages = _act(admin_client, "retry_jobs", job, queued)
 
     job.refresh_from_db()
-    assert (job.status, job.retry_round) == (JobStatus.RUNNING, 1)
+    assert (job.status, job.retry_round) == (JobStatus.PLANNING, 1)
+    assert f"job {job.pk}: planning, retry round 1" in messages
+    with django_capture_on_commit_callbacks():
+        job_plan(job_id=str(job.pk))  # the planning lane cuts the round
     (retry_shard,) = Shard.objects.filter(job=job, round=1)
     assert retry_shard.record_count == 1
-    assert f"job {job.pk}: running, retry round 1" in messages
     assert any(message.startswith(f"not retried: job {queued.pk} is queued") for message in messages)
     (entry,) = AuditEntry.objects.filter(action="job.retried")
     assert (entry.actor, entry.target_id) == (operator, str(job.pk))
-    assert entry.changes == {"status": ["partially_succeeded", "running"], "retry_round": [0, 1]}
+    assert entry.changes == {"status": ["partially_succeeded", "planning"], "retry_round": [0, 1]}
 
 
 def test_rerun_submits_a_new_queued_job_with_the_same_settings(

@@ -30,6 +30,7 @@ from portal.api.views.job_rerun import JobRerunActions
 from portal.jobs.billing import job_cost
 from portal.jobs.input_display import tenant_manifest
 from portal.jobs.models import Job
+from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import SubmissionError
 from portal.jobs.selectors import job_output_file, jobs_live_progress
 from portal.jobs.services.dry_run import job_dry_run
@@ -189,6 +190,8 @@ class JobViewSet(
             job = job_retry(job=self.get_object(), actor=request_user(request))
         except CannotRetry as exc:
             raise conflict(str(exc)) from None
+        except QuotaExceeded as exc:
+            raise submission_refused(exc) from None
         return Response(JobSerializer(job, context={"request": request}).data)
 
     @extend_schema(request=None, responses={200: JobCostSerializer})

@@ -195,7 +195,7 @@ class DryRunReport:
     cost: CostEstimate
     """The bounds of the job's cost at today's prices (`portal.jobs.cost_estimate`)."""
     budget: BudgetLine | None
-    """The tenant's monthly budget held against `cost.low`; None: the quota sets no budget."""
+    """The tenant's monthly budget held against `cost.hold`; None: the quota sets no budget."""
 
     @property
     def accepted(self) -> bool:
@@ -270,6 +270,7 @@ def job_dry_run(
         input_tokens=estimated_tokens,
         records=estimated_records,
         params=accepted.params,
+        reach=_reach(sample, size=size),
     )
     return DryRunReport(
         model=str(accepted.model),
@@ -308,7 +309,7 @@ def job_dry_run(
         ),
         quota=tuple(quota_lines(quota, use, input_bytes=size, records=checked.records, gpu_seconds=gpu_seconds)),
         cost=cost,
-        budget=budget_line(quota, low=cost.low),
+        budget=budget_line(quota, hold=cost.hold),
     )
 
 
@@ -426,6 +427,15 @@ def _read(
         return check, cuts, None, tokens, position.read_bytes
     grouped_cuts, groups, in_groups = grouped
     return check, grouped_cuts, PrefixGroups(groups, in_groups), tokens, position.read_bytes
+
+
+def _reach(sample: DryRunSample | None, *, size: int) -> float:
+    """How much further than the sample's own extrapolation the whole input may reach: a sample scaled by its
+    records holds the start of the input, whose records may be shorter than the rest, so the budget's hold
+    takes the larger of that scale and the input's bytes over the bytes read."""
+    if sample is None or not sample.input_bytes_read:
+        return 1.0
+    return max(size / sample.input_bytes_read / sample.scale, 1.0)
 
 
 def _sample(

@@ -1,7 +1,7 @@
 """Submission: the one service every entry point calls (CLI, REST, OpenAI batches, portal form).
 
 It checks the request (`request_checks.py`) and, for inputs small enough, every input line; holds the
-job's low cost estimate against the tenant's monthly budget where it has one; reserves quota with the
+job's cost hold against the tenant's monthly budget where it has one; reserves quota with the
 tenant's quota row locked; creates the job; and enqueues planning once the transaction commits. The
 checks, the quota rules and the job as it would be created are shared with the dry run (`dry_run.py`),
 which stores nothing.
@@ -107,12 +107,12 @@ def job_submit(
         record_problem=record_checks(accepted.model, adapters),
     )
 
-    low = _budget_low_estimate(tenant=tenant, request=request, input_roots=input_roots, task=task)
+    hold = _budget_hold(tenant=tenant, request=request, input_roots=input_roots, task=task)
     job_id = str(uuid.uuid4())
     with transaction.atomic():
         quota = quota_reserve(tenant, input_bytes=checked.size, records=checked.records)
-        if low is not None:
-            budget_reserve(quota, job_id=job_id, low=low)
+        if hold is not None:
+            budget_reserve(quota, job_id=job_id, hold=hold)
         job = accepted.job(checked, job_id=job_id, user=user)
         job.adapters = adapters.entries
         job.save(force_insert=True)
@@ -121,11 +121,11 @@ def job_submit(
     return job
 
 
-def _budget_low_estimate(
+def _budget_hold(
     *, tenant: Tenant, request: JobRequest, input_roots: Sequence[str] | None, task: str | None
 ) -> Decimal | None:
-    """The dry run's low cost estimate of the request where the tenant's quota sets a monthly budget; None
-    where it sets none (nothing is held, and the dry run's read of the input is spared)."""
+    """The dry run's budget hold of the request (`CostEstimate.hold`) where the tenant's quota sets a monthly
+    budget; None where it sets none (nothing is held, and the dry run's read of the input is spared)."""
     if not Quota.objects.filter(tenant=tenant, monthly_budget__isnull=False).exists():
         return None
-    return job_dry_run(tenant=tenant, request=request, input_roots=input_roots, task=task).cost.low
+    return job_dry_run(tenant=tenant, request=request, input_roots=input_roots, task=task).cost.hold

@@ -8,6 +8,7 @@ nothing is kept.
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import ProtectedError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
@@ -20,6 +21,7 @@ from portal.catalog.adapters import (
     adapter_register,
     adapters_for_tenant,
 )
+from portal.catalog.protection import protected_message
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view
@@ -80,5 +82,7 @@ def adapter_delete_view(request: HttpRequest, portal: PortalAccess, adapter_id: 
         adapter_delete(adapter, tenant=portal.tenant)
     except AdapterNotDeletable as exc:
         return refused(request, portal, f"{exc}.", status=409)
+    except ProtectedError as exc:
+        return refused(request, portal, f"Adapter {adapter}: {protected_message(exc)}.", status=409)
     messages.success(request, f"Adapter {adapter} deleted; jobs that ran it keep their outputs and usage.")
     return redirect("web:adapters")

@@ -230,7 +230,7 @@ def _job_action(
     portal: PortalAccess,
     job_id: uuid.UUID,
     act: Callable[..., object],
-    refused: type[Exception],
+    refused: type[Exception] | tuple[type[Exception], ...],
     done: str,
 ) -> HttpResponse:
     """Run one of the job's actions; say what it did, or why it was refused, on the job's page."""
@@ -268,7 +268,7 @@ def job_resume_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUI
 @tenant_view(role=Membership.Role.MEMBER)
 def job_retry_view(request: HttpRequest, portal: PortalAccess, job_id: uuid.UUID) -> HttpResponse:
     done = f"Retrying the {_job(portal, job_id).failed_records:,} failed records."
-    return _job_action(request, portal, job_id, job_retry, CannotRetry, done)
+    return _job_action(request, portal, job_id, job_retry, (CannotRetry, QuotaExceeded), done)
 
 
 @tenant_view()

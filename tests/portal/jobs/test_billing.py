@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db.models import ProtectedError
 
-from portal.catalog.models import Adapter
+from portal.catalog.models import Adapter, Price
 from portal.jobs.billing import cost_per_month, usage_costs
 from portal.jobs.chargeback import COLUMNS
-from portal.jobs.models import JobAdapterUsage, JobUsage
+from portal.jobs.models import Job, JobAdapterUsage, JobStatus, JobUsage, Shard
+from portal.jobs.usage import usage_record
 from tests.factories import GpuClassFactory, ModelFactory, TenantFactory, UserFactory
 from tests.support.ledger import ledger_line, price
 
@@ -149,3 +151,70 @@ def test_operators_download_the_chargeback_from_the_admin_and_others_cannot(
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert len(rows) == 6
     assert client.get("/admin/jobs/jobusage/chargeback.csv?month=11-2026").status_code == 400
+
+
+def test_a_line_keeps_the_cost_it_was_written_with_whatever_prices_are_deleted_later(acme: Any, minilm: Any) -> None:
+    priced = price(minilm, per_gpu_second="0.01")
+    line = ledger_line(acme, minilm, recorded_at=NOV_10, gpu_seconds=100)
+    assert _cost(line) == Decimal("1.00")
+    Price.objects.filter(pk=priced.pk).delete()
+    price(minilm, per_gpu_second="5", effective_from=dt.date(2026, 11, 1))
+    assert _cost(line) == Decimal("1.00")
+    assert cost_per_month(JobUsage.objects.filter(tenant=acme))[dt.date(2026, 11, 1)].cost == Decimal("1.00")
+
+
+def test_an_adapter_model_or_gpu_class_with_prices_cannot_be_deleted_and_past_chargeback_stays(acme: Any) -> None:
+    base = ModelFactory(name="base-llm", is_default=False)
+    alpha = Adapter.objects.create(name="alpha", base_model=base, owner=acme, source="/x", rank=4)
+    price(base, per_gpu_second="1")
+    price(base, adapter=alpha, per_gpu_second="3")
+    line = ledger_line(acme, base, recorded_at=NOV_10, gpu_seconds=10)
+    JobAdapterUsage.objects.create(usage=line, adapter=alpha, name="alpha@1", records_succeeded=10)
+    before = _chargeback("2026-11")
+    with pytest.raises(ProtectedError):
+        alpha.delete()
+    with pytest.raises(ProtectedError):
+        base.gpu_class.delete()
+    assert Price.objects.filter(adapter=alpha).exists()
+    # Deleted all the same (through the database, as a bulk clean-up would), the line keeps its cost.
+    Price.objects.filter(adapter=alpha).delete()
+    alpha.delete()
+    assert _chargeback("2026-11") == before
+    assert [row["cost"] for row in before] == ["30.00"]
+
+
+def test_a_job_with_a_ledger_line_cannot_be_deleted(acme: Any, minilm: Any) -> None:
+    line = ledger_line(acme, minilm, recorded_at=NOV_10, gpu_seconds=1)
+    with pytest.raises(ProtectedError):
+        line.job.delete()
+
+
+def test_the_usage_record_prices_the_line_when_the_job_ends(acme: Any, minilm: Any) -> None:
+    price(minilm, per_gpu_second="0.5")
+    job = Job.objects.create(
+        tenant=acme, model=minilm, status=JobStatus.SUCCEEDED, input_uri="file:///x.jsonl", finished_at=NOV_10
+    )
+    Shard.objects.create(
+        job=job, index=0, first_record=0, record_count=1, input_uri="file:///s", status="succeeded", compute_seconds=4.0
+    )
+    job = Job.objects.select_related("model", "tenant").get(pk=job.pk)
+    usage_record(job=job)
+    assert JobUsage.objects.get(pk=job.pk).cost == Decimal("2.00")
+
+
+def test_the_months_of_the_usage_api_are_summed_in_one_grouped_read(
+    acme: Any, minilm: Any, django_assert_max_num_queries: Any
+) -> None:
+    price(minilm, per_gpu_second="1")
+    for day in range(1, 29):
+        ledger_line(acme, minilm, recorded_at=dt.datetime(2026, 10, day, tzinfo=dt.UTC), gpu_seconds=1)
+    cost_per_month(JobUsage.objects.filter(tenant=acme))  # the old lines are priced once, and kept
+    with django_assert_max_num_queries(2):
+        months = cost_per_month(JobUsage.objects.filter(tenant=acme))
+    assert months[dt.date(2026, 10, 1)].cost == Decimal("28.00")
+
+
+def _chargeback(month: str) -> list[dict[str, str]]:
+    out = io.StringIO()
+    call_command("chargeback", "--month", month, stdout=out, stderr=io.StringIO())
+    return list(csv.DictReader(io.StringIO(out.getvalue())))

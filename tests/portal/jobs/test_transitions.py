@@ -56,4 +56,4 @@ def test_a_succeeded_or_cancelled_job_has_no_way_out_and_other_endings_lead_only
     for status in (JobStatus.SUCCEEDED, JobStatus.CANCELLED):
         assert Job.TRANSITIONS[status] == frozenset()
     for status in (JobStatus.PARTIALLY_SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED):
-        assert Job.TRANSITIONS[status] == frozenset({JobStatus.RUNNING})
+        assert Job.TRANSITIONS[status] == frozenset({JobStatus.PLANNING})

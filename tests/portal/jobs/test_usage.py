@@ -68,7 +68,8 @@ def test_a_job_that_ends_gets_a_ledger_line_with_gpu_seconds_from_its_shards(acm
 def test_a_retried_job_rewrites_its_ledger_line_when_it_ends_again(acme: Any, minilm: Any) -> None:
     job = _job_with_shards(acme, minilm, [(0.0, 2.0, 10, 0)])
     job_transition(job_id=str(job.pk), source=JobStatus.MERGING, target=JobStatus.FAILED, failed_records=10)
-    job_transition(job_id=str(job.pk), source=JobStatus.FAILED, target=JobStatus.RUNNING)
+    job_transition(job_id=str(job.pk), source=JobStatus.FAILED, target=JobStatus.PLANNING)  # the retry's round
+    job_transition(job_id=str(job.pk), source=JobStatus.PLANNING, target=JobStatus.RUNNING)
     Shard.objects.create(
         job=job, index=1, round=1, first_record=0, record_count=10, input_uri="x", prefix_uri="y", compute_seconds=3.0
     )

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.audit.cli import add_actor_argument
 from portal.jobs.models import Job
+from portal.jobs.quota import QuotaExceeded
 from portal.jobs.selectors import job_progress
 from portal.jobs.services.pause import CannotPause, job_pause, job_resume
 from portal.jobs.services.retry import CannotRetry, job_retry
@@ -46,7 +47,7 @@ class Command(BaseCommand):
                 job = job_resume(job=job, actor=options["actor"])
             elif options["action"] == "retry":
                 job = job_retry(job=job, actor=options["actor"])
-        except (CannotStop, CannotPause, CannotRetry) as exc:
+        except (CannotStop, CannotPause, CannotRetry, QuotaExceeded) as exc:
             raise CommandError(str(exc)) from None
         progress = job_progress(job)
         self.stdout.write(
