@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import IO
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 
@@ -34,8 +35,9 @@ from portal.catalog.adapter_files import (
     read_config,
     safetensors_header,
 )
-from portal.catalog.models import Adapter, Model
+from portal.catalog.models import Adapter, Model, Price
 from portal.catalog.selectors import models_for_tenant, newest_enabled_model
+from portal.catalog.services import prices_delete
 from portal.jobs.models import FINAL_STATUSES, Job
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Quota, Tenant
@@ -178,8 +180,12 @@ class AdapterNotDeletable(Exception):
     name it (deleting its files would fail their records)."""
 
 
-def adapter_delete(adapter: Adapter, *, tenant: Tenant) -> None:
+def adapter_delete(adapter: Adapter, *, tenant: Tenant, actor: User | None) -> None:
     """Delete one of ``tenant``'s adapters and its files; jobs that ran it keep their outputs and ledger lines.
+
+    The operators' prices for it go with it, each recorded in the audit log with the values it had (by
+    ``actor``): a price names what it prices, and the tenant's data is the tenant's to delete. Past bills do
+    not move, since every ledger line keeps the cost it was priced at when written (`JobUsage.cost`).
 
     Raises `AdapterNotDeletable` for a shared adapter, and while a job of the tenant that has not ended names it."""
     if adapter.owner_id != tenant.pk:
@@ -194,7 +200,9 @@ def adapter_delete(adapter: Adapter, *, tenant: Tenant) -> None:
             f"adapter {adapter.name!r} is named by {using} job(s) that have not ended; cancel them or wait for them"
         )
     source = adapter.source
-    adapter.delete()
+    with transaction.atomic():
+        prices_delete(prices=Price.objects.filter(adapter=adapter), actor=actor)
+        adapter.delete()
     if source.startswith(settings.BATCHERY_STORAGE_URL):
         store_for(source).delete_prefix(source)
 

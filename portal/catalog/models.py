@@ -260,9 +260,10 @@ class Price(models.Model):
     edited, once in force (the admin makes them read-only). Of the prices in force, one for the job's
     adapter beats one for its model, one for its GPU class beats one for any class, then the newest wins.
 
-    A price outlives nothing it prices: its model, adapter and GPU class cannot be deleted while it exists
-    (PROTECT), so that deleting a catalog entry never takes the operator's price history with it; the
-    ledger lines it priced keep their cost anyway (`JobUsage.cost`, frozen when the line is written).
+    Deleting never re-prices a past bill: the ledger lines a price priced keep their cost (`JobUsage.cost`,
+    frozen when the line is written). Nothing deletes a price unrecorded either: its model and GPU class
+    cannot be deleted while it exists (PROTECT), and an adapter, its tenant's to delete, goes through
+    `adapter_delete`, which records each of its prices in the audit log as it deletes them.
     """
 
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="prices")

@@ -1,5 +1,5 @@
-"""Bills never change after the fact: deleting a priced adapter is refused (409) and keeps its prices; the
-month's chargeback and usage read the same before and after."""
+"""Bills never change after the fact: deleting a priced adapter takes its prices with it, each recorded in
+the audit log, and the month's chargeback and usage read the same before and after."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 
+from portal.audit.models import AuditEntry
 from portal.catalog.models import Adapter, Model, Price
+from portal.catalog.services import PRICE_CHANGED
 from portal.jobs.models import JobAdapterUsage
 from tests.api.conftest import Caller
 from tests.support.ledger import ledger_line, price
@@ -30,7 +32,7 @@ def _chargeback() -> str:
     return out.getvalue()
 
 
-def test_deleting_a_priced_adapter_is_refused_naming_why_and_past_bills_stay(
+def test_deleting_a_priced_adapter_audits_its_prices_and_past_bills_stay(
     caller: Callable[..., Caller], tiny_chat: Model, tmp_path: Path
 ) -> None:
     acme = caller("acme")
@@ -50,12 +52,13 @@ def test_deleting_a_priced_adapter_is_refused_naming_why_and_past_bills_stay(
     chargeback = _chargeback()
     periods = acme.client.get("/api/v1/usage/periods/").json()
 
-    refused = acme.client.delete(f"/api/v1/adapters/{adapter.pk}/")
+    deleted = acme.client.delete(f"/api/v1/adapters/{adapter.pk}/")
 
-    assert refused.status_code == 409
-    error = refused.json()["error"]
-    assert error["code"] == "conflict" and "prices refer to it" in error["message"]
-    assert Adapter.objects.filter(pk=adapter.pk).exists() and Price.objects.filter(adapter=adapter).exists()
+    assert deleted.status_code == 204, deleted.text
+    assert not Adapter.objects.filter(pk=adapter.pk).exists() and not Price.objects.filter(adapter=adapter.pk).exists()
+    audited = AuditEntry.objects.get(action=PRICE_CHANGED, target_type="catalog.price")
+    assert audited.actor == acme.user and "per_gpu_second" in str(audited.changes)
+    assert Price.objects.filter(model=tiny_chat, adapter=None).exists()
     assert _chargeback() == chargeback
     assert acme.client.get("/api/v1/usage/periods/").json() == periods
     assert next(csv.DictReader(io.StringIO(chargeback)))["cost"] == "40.00"

@@ -71,6 +71,6 @@ class AdapterViewSet(
 
     def perform_destroy(self, instance: Adapter) -> None:
         try:
-            adapter_delete(instance, tenant=request_access(self.request).tenant)
+            adapter_delete(instance, tenant=request_access(self.request).tenant, actor=self.request.user)
         except AdapterNotDeletable as exc:
             raise conflict(str(exc)) from None

@@ -8,7 +8,6 @@ nothing is kept.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import ProtectedError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
@@ -21,7 +20,6 @@ from portal.catalog.adapters import (
     adapter_register,
     adapters_for_tenant,
 )
-from portal.catalog.protection import protected_message
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Membership
 from portal.web.access import PortalAccess, page, refused, tenant_view
@@ -79,10 +77,8 @@ def adapter_delete_view(request: HttpRequest, portal: PortalAccess, adapter_id: 
     """Delete one of the tenant's adapters; a shared one is the operators' to delete (409)."""
     adapter = get_object_or_404(adapters_for_tenant(portal.tenant), pk=adapter_id)
     try:
-        adapter_delete(adapter, tenant=portal.tenant)
+        adapter_delete(adapter, tenant=portal.tenant, actor=request.user)
     except AdapterNotDeletable as exc:
         return refused(request, portal, f"{exc}.", status=409)
-    except ProtectedError as exc:
-        return refused(request, portal, f"Adapter {adapter}: {protected_message(exc)}.", status=409)
     messages.success(request, f"Adapter {adapter} deleted; jobs that ran it keep their outputs and usage.")
     return redirect("web:adapters")

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import ProtectedError
 
+from portal.catalog.adapters import adapter_delete
 from portal.catalog.models import Adapter, Price
 from portal.jobs.billing import cost_per_month, usage_costs
 from portal.jobs.chargeback import COLUMNS
@@ -163,7 +164,9 @@ def test_a_line_keeps_the_cost_it_was_written_with_whatever_prices_are_deleted_l
     assert cost_per_month(JobUsage.objects.filter(tenant=acme))[dt.date(2026, 11, 1)].cost == Decimal("1.00")
 
 
-def test_an_adapter_model_or_gpu_class_with_prices_cannot_be_deleted_and_past_chargeback_stays(acme: Any) -> None:
+def test_a_model_or_gpu_class_with_prices_cannot_be_deleted_and_a_deleted_adapter_leaves_past_chargeback(
+    acme: Any,
+) -> None:
     base = ModelFactory(name="base-llm", is_default=False)
     alpha = Adapter.objects.create(name="alpha", base_model=base, owner=acme, source="/x", rank=4)
     price(base, per_gpu_second="1")
@@ -174,11 +177,14 @@ def test_an_adapter_model_or_gpu_class_with_prices_cannot_be_deleted_and_past_ch
     with pytest.raises(ProtectedError):
         alpha.delete()
     with pytest.raises(ProtectedError):
+        base.delete()
+    with pytest.raises(ProtectedError):
         base.gpu_class.delete()
-    assert Price.objects.filter(adapter=alpha).exists()
-    # Deleted all the same (through the database, as a bulk clean-up would), the line keeps its cost.
-    Price.objects.filter(adapter=alpha).delete()
-    alpha.delete()
+
+    alpha_pk = alpha.pk
+    adapter_delete(alpha, tenant=acme, actor=None)
+
+    assert not Price.objects.filter(adapter=alpha_pk).exists() and Price.objects.filter(model=base).count() == 1
     assert _chargeback("2026-11") == before
     assert [row["cost"] for row in before] == ["30.00"]
 
