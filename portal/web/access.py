@@ -16,6 +16,7 @@ from functools import wraps
 from typing import Any, Concatenate
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -64,6 +65,11 @@ class PortalAccess:
     @property
     def can_manage_webhooks(self) -> bool:
         return self.allows(Membership.Role.ADMIN)
+
+
+def acting_user(request: HttpRequest) -> User | None:
+    """The signed-in user a write is recorded as done by (None for no user)."""
+    return request.user if isinstance(request.user, User) else None
 
 
 def user_tenant_names(user: Any) -> tuple[str, ...]:

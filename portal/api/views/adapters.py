@@ -13,7 +13,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api.access import request_access
+from portal.api.access import request_access, request_user
 from portal.api.errors import ApiError, conflict, submission_refused
 from portal.api.serializers import AdapterCreateSerializer, AdapterSerializer
 from portal.catalog.adapter_files import AdapterRefused
@@ -71,6 +71,6 @@ class AdapterViewSet(
 
     def perform_destroy(self, instance: Adapter) -> None:
         try:
-            adapter_delete(instance, tenant=request_access(self.request).tenant, actor=self.request.user)
+            adapter_delete(instance, tenant=request_access(self.request).tenant, actor=request_user(self.request))
         except AdapterNotDeletable as exc:
             raise conflict(str(exc)) from None

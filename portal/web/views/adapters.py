@@ -22,7 +22,7 @@ from portal.catalog.adapters import (
 )
 from portal.jobs.quota import QuotaExceeded
 from portal.tenancy.models import Membership
-from portal.web.access import PortalAccess, page, refused, tenant_view
+from portal.web.access import PortalAccess, acting_user, page, refused, tenant_view
 from portal.web.forms import AdapterForm
 
 # The form's fields a refusal may name; any other (the service's "files") is shown with the two files.
@@ -77,7 +77,7 @@ def adapter_delete_view(request: HttpRequest, portal: PortalAccess, adapter_id: 
     """Delete one of the tenant's adapters; a shared one is the operators' to delete (409)."""
     adapter = get_object_or_404(adapters_for_tenant(portal.tenant), pk=adapter_id)
     try:
-        adapter_delete(adapter, tenant=portal.tenant, actor=request.user)
+        adapter_delete(adapter, tenant=portal.tenant, actor=acting_user(request))
     except AdapterNotDeletable as exc:
         return refused(request, portal, f"{exc}.", status=409)
     messages.success(request, f"Adapter {adapter} deleted; jobs that ran it keep their outputs and usage.")

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from portal.tenancy.apikeys import apikey_create, apikey_revoke
 from portal.tenancy.models import ApiKey, Membership
-from portal.web.access import PortalAccess, page, tenant_view
+from portal.web.access import PortalAccess, acting_user, page, tenant_view
 from portal.web.forms import ApiKeyForm
 
 
@@ -47,7 +47,7 @@ def api_keys(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 @tenant_view(role=Membership.Role.ADMIN)
 def api_key_revoke(request: HttpRequest, portal: PortalAccess, key_id: int) -> HttpResponse:
     key = get_object_or_404(ApiKey.objects.filter(tenant=portal.tenant), pk=key_id)
-    if apikey_revoke(key=key, actor=request.user if isinstance(request.user, User) else None):
+    if apikey_revoke(key=key, actor=acting_user(request)):
         messages.success(request, f"Key bk_{key.prefix}… revoked; requests made with it are refused from now on.")
     else:
         messages.info(request, f"Key bk_{key.prefix}… was already revoked.")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -19,12 +18,8 @@ from django.views.decorators.http import require_POST
 from portal.tenancy.invitations import InvitationRefused, invitation_create, invitation_revoke
 from portal.tenancy.models import Invitation, Membership
 from portal.tenancy.services import MembershipRefused, membership_remove
-from portal.web.access import PortalAccess, page, refused, tenant_view
+from portal.web.access import PortalAccess, acting_user, page, refused, tenant_view
 from portal.web.forms import InvitationForm
-
-
-def _actor(request: HttpRequest) -> User | None:
-    return request.user if isinstance(request.user, User) else None
 
 
 @tenant_view(role=Membership.Role.ADMIN)
@@ -39,7 +34,7 @@ def members(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
                 actor_role=portal.role,
-                actor=_actor(request),
+                actor=acting_user(request),
             )
         except InvitationRefused as exc:
             form.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
@@ -63,7 +58,7 @@ def members(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 @tenant_view(role=Membership.Role.ADMIN)
 def invitation_revoke_view(request: HttpRequest, portal: PortalAccess, invitation_id: int) -> HttpResponse:
     invitation = get_object_or_404(Invitation.objects.filter(tenant=portal.tenant), pk=invitation_id)
-    if invitation_revoke(invitation=invitation, actor=_actor(request)):
+    if invitation_revoke(invitation=invitation, actor=acting_user(request)):
         messages.success(request, f"The invitation of {invitation.invitee} is revoked.")
     else:
         messages.info(request, f"The invitation of {invitation.invitee} was already {invitation.status}.")
@@ -75,7 +70,7 @@ def invitation_revoke_view(request: HttpRequest, portal: PortalAccess, invitatio
 def member_remove_view(request: HttpRequest, portal: PortalAccess, membership_id: int) -> HttpResponse:
     membership = get_object_or_404(Membership.objects.filter(tenant=portal.tenant), pk=membership_id)
     try:
-        membership_remove(membership=membership, actor_role=portal.role, actor=_actor(request))
+        membership_remove(membership=membership, actor_role=portal.role, actor=acting_user(request))
     except MembershipRefused as exc:
         return refused(request, portal, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", status=409)
     messages.success(request, f"{membership.user.get_username()} removed; their API keys for it are revoked.")

@@ -4,13 +4,12 @@ recent deliveries with each attempt."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from portal.tenancy.models import Membership
-from portal.web.access import PortalAccess, page, tenant_view
+from portal.web.access import PortalAccess, acting_user, page, tenant_view
 from portal.web.forms import WebhookEndpointForm
 from portal.webhooks.destinations import url_redacted
 from portal.webhooks.models import EVENT_TYPES, WebhookEndpoint
@@ -18,10 +17,6 @@ from portal.webhooks.selectors import webhook_deliveries, webhook_endpoints
 from portal.webhooks.services.endpoints import WebhookRefused, webhook_endpoint_create, webhook_endpoint_delete
 
 RECENT_DELIVERIES = 50
-
-
-def _actor(request: HttpRequest) -> User | None:
-    return request.user if isinstance(request.user, User) else None
 
 
 @tenant_view(role=Membership.Role.ADMIN)
@@ -35,7 +30,7 @@ def webhooks(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
                 tenant=portal.tenant,
                 url=form.cleaned_data["url"],
                 event_types=[name for name in EVENT_TYPES if name in chosen],
-                actor=_actor(request),
+                actor=acting_user(request),
             )
         except WebhookRefused as exc:
             form.add_error(exc.field, exc.message)
@@ -57,6 +52,6 @@ def webhooks(request: HttpRequest, portal: PortalAccess) -> HttpResponse:
 @tenant_view(role=Membership.Role.ADMIN)
 def webhook_delete(request: HttpRequest, portal: PortalAccess, endpoint_id: int) -> HttpResponse:
     endpoint = get_object_or_404(webhook_endpoints(tenant=portal.tenant), pk=endpoint_id)
-    webhook_endpoint_delete(endpoint=endpoint, actor=_actor(request))
+    webhook_endpoint_delete(endpoint=endpoint, actor=acting_user(request))
     messages.success(request, f"Endpoint {url_redacted(endpoint.url)} removed; it gets no more events.")
     return redirect("web:webhooks")
