@@ -582,6 +582,13 @@ BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = env_float(
     doc="Overall deadline of one webhook attempt (connect, send, read the answer's head), however slowly "
     "the receiver answers.",
 )
+BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S = env_float(
+    "BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S",
+    2.0,
+    minimum=0.1,
+    doc="How long registering a webhook endpoint waits for its host name to resolve before it is refused as "
+    "unresolved (a delivery's look-up is within its attempt's deadline).",
+)
 BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT = env_int(
     "BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT",
     2,
