@@ -24,8 +24,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
+from kombu import Connection
 
 from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
 from portal.devstack.tether import dies_with_this_process
@@ -100,6 +102,22 @@ class Stack:
                 os.environ[name] = self.redis.url
             logger.info("embedded Redis on %s", self.redis.url)
             repoint_celery_app()
+            self._give_back_unacknowledged()
+
+    def _give_back_unacknowledged(self) -> None:
+        """Put the messages that a worker of this stack's last run took and never acknowledged back on their
+        queues: killed with the stack, it could not give them back to an embedded Redis gone at the same
+        moment. That Redis is this stack's alone, so no live worker holds them, and the broker would hand
+        them out again only after its visibility timeout (the shard time limit and ten minutes)."""
+        assert self.redis is not None
+        options = {**app.conf.broker_transport_options, "visibility_timeout": 0}
+        with Connection(self.redis.url, transport_options=options) as connection:
+            channel: Any = connection.default_channel
+            with channel.conn_or_acquire() as client:
+                unacknowledged = int(client.zcard(channel.unacked_index_key))
+            if unacknowledged:
+                channel.qos.restore_visible(num=unacknowledged)
+                logger.warning("%d messages the last run left unacknowledged are back on their queues", unacknowledged)
 
     def _portal_env(self) -> dict[str, str]:
         """The portal's environment: gunicorn's workers share a fresh metrics directory."""

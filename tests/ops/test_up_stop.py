@@ -30,18 +30,10 @@ pytestmark = pytest.mark.slow
 
 RECORDS = 1200
 SHARD_SIZE = 400
-# After a SIGKILL the embedded Redis stops with the workers, before a slot could give its message back:
-# that message comes back after the visibility timeout, set short here (the shard limit must stay under it).
-FAST_RECOVERY = {
-    "BATCHERY_SHARD_TIME_LIMIT_S": "90",
-    "BATCHERY_VISIBILITY_TIMEOUT_S": "100",
-    "BATCHERY_RECONCILE_INTERVAL_S": "5",
-}
 
 
 def _env(var_dir: Path) -> dict[str, str]:
-    env = {name: value for name, value in newcomer_env(var_dir).items() if not name.startswith("FLOWER_")}
-    return {**env, **FAST_RECOVERY}
+    return {name: value for name, value in newcomer_env(var_dir).items() if not name.startswith("FLOWER_")}
 
 
 def _start(var_dir: Path, log_path: Path) -> UpProcess:
@@ -188,7 +180,8 @@ def test_the_parts_of_a_killed_up_stop_by_themselves_and_the_next_start_finishes
         up.process.wait()
 
         # A slot's cold shutdown may wait on the embedded Redis, gone with the rest: its launcher's drain
-        # bound (gpuworkers.launcher.DRAIN_GRACE_S, no soft shutdown here) ends it.
+        # bound (gpuworkers.launcher.DRAIN_GRACE_S, no soft shutdown here) ends it. The message it could not
+        # give back is put back on its queue by the next start (not after the visibility timeout).
         _, alive = psutil.wait_procs(parts, timeout=30)
         assert [process for process in alive if _not_zombie(process)] == [], _alive(parts)
     finally:
