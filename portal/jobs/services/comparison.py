@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 ASKED_AGAIN_AFTER_S = 60
 """A read asks the comparison task at most once in this many seconds a job, while no task holds its lease."""
+STARTS_BEFORE_REFUSAL = 3
+"""Starts of the comparison task for a job (duplicates included) before one that finds no report refuses."""
 REFUSAL_KEPT_S = 600
 """How long reads answer why the task could not compare a job's outputs before they ask it again (an outage of
 storage passes)."""
@@ -181,10 +183,15 @@ def _report(job: Job, old: Job, *, now: dt.datetime) -> dict[str, Any]:
     }
 
 
-def _refusal_key(job: Job) -> str:
-    """Where the comparison task leaves why it could not compare, per retry round of either job."""
+def _round_key(kind: str, job: Job) -> str:
+    """A key of the job's comparison per retry round of either job (a round rewrites an output)."""
     old_round = job.rerun_of.retry_round if job.rerun_of is not None else 0
-    return f"batchery:compare-refused:{job.id}:{old_round}:{job.retry_round}"
+    return f"batchery:compare-{kind}:{job.id}:{old_round}:{job.retry_round}"
+
+
+def _refusal_key(job: Job) -> str:
+    """Where the comparison task leaves why it could not compare."""
+    return _round_key("refused", job)
 
 
 def _refusal(job: Job) -> str | None:
@@ -213,6 +220,16 @@ def job_comparison_write(*, job_id: str, worker: str) -> None:
     job's comparison lease: a second task for the job leaves it to the first. A job that is no re-run, or
     one not ready (the job it re-runs has not ended), is left to the first read."""
     job = Job.objects.select_related("model", "rerun_of__model").get(pk=job_id)
+    started = _count_start(job)
+    if started > STARTS_BEFORE_REFUSAL:
+        # Killed each time (its hard time limit, out of memory), it was given back and ran again, and reads
+        # past ASKED_AGAIN_AFTER_S asked for it again: answer why instead.
+        _keep_refusal(
+            job,
+            f"the comparison task stopped {started - 1} times before it finished (past its time limit or out of "
+            "memory)",
+        )
+        return
     try:
         job_comparison(job=job, holder=worker)
     except LeaseHeld as held:
@@ -227,6 +244,20 @@ def job_comparison_write(*, job_id: str, worker: str) -> None:
         )
     except (NotARerun, ComparisonNotReady) as exc:
         logger.info("job %s: no comparison written now: %s", job_id, exc)
+
+
+def _count_start(job: Job) -> int:
+    """Count a start of the comparison task for the job (per retry round of either job, kept REFUSAL_KEPT_S);
+    how many there were, this one included (1 without Redis)."""
+    key = _round_key("started", job)
+    try:
+        with redis_client().pipeline() as pipe:
+            pipe.incr(key)
+            pipe.expire(key, REFUSAL_KEPT_S)
+            count, _ = pipe.execute()
+    except redis.RedisError:
+        return 1
+    return int(count)
 
 
 def _keep_refusal(job: Job, refusal: str) -> None:

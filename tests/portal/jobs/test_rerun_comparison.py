@@ -338,6 +338,27 @@ def test_a_comparison_task_past_its_time_limit_is_answered_why_and_not_sent_agai
     assert lease_holder(job_lease_key("compare", str(new.id))) is None
 
 
+def test_a_comparison_task_killed_again_and_again_is_answered_why_and_not_started_for_ever(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
+    assert new.rerun_of is not None
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+    # Three starts that never ended: each killed (its hard time limit, its memory) and its message given back.
+    redis_client().set(f"batchery:compare-started:{new.id}:{new.rerun_of.retry_round}:{new.retry_round}", 3)
+
+    job_comparison_write(job_id=str(new.id), worker="compare@test")
+
+    uri = comparison_uri(job_root(new))
+    assert not store_for(uri).exists(uri), "the fourth start does not try again"
+    for _ in range(3):
+        with pytest.raises(OutputsNotComparable, match="stopped 3 times before it finished"):
+            job_comparison_read(job=new)
+    assert sent == [], "nor do the reads ask for it while the answer is kept"
+
+
 def test_a_rerun_of_another_task_is_refused_naming_the_model_and_a_job_that_is_no_rerun_has_no_comparison(
     roots: Path, minilm: Model, tmp_path: Path
 ) -> None:
