@@ -4,7 +4,8 @@ Each child gets CUDA_VISIBLE_DEVICES set to exactly its slot's GPUs, consumes it
 and its own queue (`slot_own_queue`: shards routed to it for the adapters it holds) with concurrency 1
 and prefetch 1, and has a distinct hostname. A child that dies is restarted with
 backoff. SIGTERM drains: children finish their shard (Celery's warm shutdown) and the launcher exits;
-a second SIGINT stops everything at once.
+a second SIGINT stops everything at once. A drain is bounded: a child still there BATCHERY_SOFT_SHUTDOWN_S
+and DRAIN_GRACE_S after it is killed (one whose cold shutdown waits on a broker that is gone never ends).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from gpuworkers.metrics_server import (
     sweep_dead_processes,
 )
 from gpuworkers.slots import Slot
-from tasks.shared.config import metrics_token, slot_own_queue
+from tasks.shared.config import SOFT_SHUTDOWN_S, metrics_token, slot_own_queue
 
 logger = logging.getLogger("gpuworkers.launcher")
 
 MAX_BACKOFF_S = 30.0
+DRAIN_GRACE_S = 10.0
+"""How long past its soft shutdown a slot has to give its shard back and exit, before it is killed."""
 DEAD_PROCESS_SWEEP_S = 5.0
 
 
@@ -153,6 +156,7 @@ class Launcher:
         self.metrics = metrics or MetricsOptions(port=0)
         self.metrics_dir: Path | None = None
         self._draining = False
+        self._drain_ends = 0.0
         self._interrupts = 0
         self._last_sweep = 0.0
         self._owns_metrics_dir = False
@@ -208,6 +212,8 @@ class Launcher:
         else:
             logger.info("draining: each slot finishes its shard, then exits")
             self._signal_children(signal.SIGTERM)
+        if not self._draining:
+            self._drain_ends = time.monotonic() + SOFT_SHUTDOWN_S + DRAIN_GRACE_S
         self._draining = True
 
     def _signal_children(self, signum: int) -> None:
@@ -250,7 +256,13 @@ class Launcher:
             self._supervise_once()
             time.sleep(0.2)
         for child in self.children:
-            if child.process is not None:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(0.1, self._drain_ends - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("slot %d did not stop within its drain: killed", child.slot.index)
+                child.process.kill()
                 child.process.wait()
         if self.metrics_dir is not None and self._owns_metrics_dir:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)

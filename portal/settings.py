@@ -299,6 +299,15 @@ BATCHERY_COMPARISON_INLINE_RECORDS = env_int(
     doc="A read (API, portal) that finds no comparison report written computes it only for a re-run of at most "
     "this many records; past it the comparison task writes it and the read answers 202.",
 )
+# Edit distance costs about the product of the two lengths (bit-parallel: 7 ms for two texts of 4,000
+# characters, 0.6 s for 50,000), and a generation may be long: each text is compared on its prefix.
+BATCHERY_COMPARISON_TEXT_CHARS = env_int(
+    "BATCHERY_COMPARISON_TEXT_CHARS",
+    4_000,
+    minimum=1,
+    doc="A re-run's comparison of generations measures the edit distance between the first this many characters "
+    "of each text (exact matches and length changes see whole texts).",
+)
 BATCHERY_COMPARISON_VECTOR_BYTES = env_int(
     "BATCHERY_COMPARISON_VECTOR_BYTES",
     256 * 1024 * 1024,
@@ -579,6 +588,13 @@ BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = env_float(
     minimum=0.1,
     doc="Overall deadline of one webhook attempt (connect, send, read the answer's head), however slowly "
     "the receiver answers.",
+)
+BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S = env_float(
+    "BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S",
+    2.0,
+    minimum=0.1,
+    doc="How long registering a webhook endpoint waits for its host name to resolve before it is refused as "
+    "unresolved (a delivery's look-up is within its attempt's deadline).",
 )
 BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT = env_int(
     "BATCHERY_WEBHOOK_MAX_IN_FLIGHT_PER_TENANT",

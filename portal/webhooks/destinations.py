@@ -7,18 +7,32 @@ private, reserved, multicast or unspecified) unless the operator lists the host,
 may deliver it there; a local-use NAT64 address (64:ff9b:1::/48) is refused. The sender then
 connects to the address checked here, not to the name, so a DNS answer that changes between the
 check and the connection (rebinding) cannot move it.
+
+The look-up itself is bounded (`resolve_timeout_s`): `getaddrinfo` has no timeout of its own, and a
+receiver's slow name server would otherwise hold a portal worker at registration, or a sender past its
+attempt's deadline, for as long as the system resolver's retries take.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_PORTS = {"http": 80, "https": 443}
+RESOLVE_TIMEOUT_S = 5.0
+"""The look-up's bound where the caller names none."""
+LOOKUPS_AT_ONCE = 16
+"""Look-ups a process runs at once: one past its bound goes on in its thread until the resolver gives up,
+so a flood of slow names holds at most this many threads; past them a look-up is answered unresolved."""
+
+_lookups = threading.BoundedSemaphore(LOOKUPS_AT_ONCE)
 
 
 class DestinationRefused(Exception):
@@ -148,20 +162,45 @@ def _is_listed(host: str, port: int, allowed_hosts: Collection[str]) -> bool:
     return any(entry.strip().lower() in names for entry in allowed_hosts)
 
 
-def destination_check(url: str, *, allowed_hosts: Collection[str]) -> Destination:
-    """Resolve the URL's host and check every address; raises `DestinationRefused` or
-    `DestinationUnresolved`. The host is compared with the allow-list as written in the URL: listing
-    127.0.0.1 does not let `localhost` through."""
+def _resolve(host: str, port: int, *, timeout_s: float) -> list[Any]:
+    """`getaddrinfo` of the host within `timeout_s`, in a daemon thread of its own (left to finish by itself
+    past the bound); raises `DestinationUnresolved` when it fails, or does not answer in time."""
+    started = time.monotonic()
+    if not _lookups.acquire(timeout=timeout_s):
+        raise DestinationUnresolved(f"{host} was not looked up: {LOOKUPS_AT_ONCE} look-ups are in progress here")
+    answer: dict[str, Any] = {}
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            answer["found"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            answer["error"] = exc
+        finally:
+            _lookups.release()
+            done.set()
+
+    threading.Thread(target=look_up, name=f"resolve {host}", daemon=True).start()
+    if not done.wait(max(0.0, timeout_s - (time.monotonic() - started))):
+        raise DestinationUnresolved(f"{host} did not resolve within {timeout_s:g} s")
+    if "error" in answer:
+        raise DestinationUnresolved(f"{host} does not resolve: {answer['error']}")
+    return list(answer["found"])
+
+
+def destination_check(
+    url: str, *, allowed_hosts: Collection[str], resolve_timeout_s: float = RESOLVE_TIMEOUT_S
+) -> Destination:
+    """Resolve the URL's host (within `resolve_timeout_s`) and check every address; raises
+    `DestinationRefused` or `DestinationUnresolved`. The host is compared with the allow-list as written
+    in the URL: listing 127.0.0.1 does not let `localhost` through."""
     problem = url_shape_problem(url)
     if problem is not None:
         raise DestinationRefused(problem)
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or DEFAULT_PORTS[parts.scheme]
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise DestinationUnresolved(f"{host} does not resolve: {exc}") from None
+    found = _resolve(host, port, timeout_s=resolve_timeout_s)
     # A link-local IPv6 answer may carry a zone ("fe80::1%eth0"); the address is what is judged.
     addresses = list(dict.fromkeys(_unmapped(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in found))
     if not addresses:

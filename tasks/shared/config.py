@@ -436,6 +436,13 @@ MAX_DECOMPRESSED_BYTES = int_var(
     default_text="10 GiB",
     doc="The most bytes a compressed job input may decompress to (a tenant's quota max_input_bytes may lower it).",
 )
+MAX_PARQUET_ROW_BYTES = int_var(
+    "BATCHERY_MAX_PARQUET_ROW_BYTES",
+    16 * 1024 * 1024,
+    minimum=1,
+    doc="The most bytes one row of a Parquet input may hold, decoded (its text and custom_id): a JSONL line's "
+    "bound, which dictionary encoding would otherwise let a small file multiply.",
+)
 MAX_COMPRESSION_RATIO = float_var(
     "BATCHERY_MAX_COMPRESSION_RATIO",
     100.0,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +55,29 @@ def test_a_url_that_resolves_to_a_non_public_address_is_refused_at_registration(
     settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1:8000"]
     message = _refusal(admin.client.post(URL, {"url": url}, format="json"), "url")
     assert f"a {kind} address" in message and "BATCHERY_WEBHOOK_ALLOWED_HOSTS" in message
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_url_whose_name_server_does_not_answer_is_refused_within_the_resolve_bound(
+    admin: Caller, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S = 0.5
+    answer = threading.Event()
+
+    def silent_name_server(*args: Any, **kwargs: Any) -> Any:
+        answer.wait(30)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent_name_server)
+    try:
+        started = time.monotonic()
+        response = admin.client.post(URL, {"url": "https://hooks.slow-dns.example/hook"}, format="json")
+        took = time.monotonic() - started
+    finally:
+        answer.set()
+
+    assert took < 2.0, "the web worker is not held by the name server"
+    assert "hooks.slow-dns.example did not resolve within 0.5 s" in _refusal(response, "url")
     assert not WebhookEndpoint.objects.exists()
 
 

@@ -203,6 +203,36 @@ def test_a_receiver_that_trickles_its_answer_is_cut_at_the_attempts_deadline(
     assert attempt.duration_ms < 4000 and "deadline of 1.5 s" in attempt.error
 
 
+def test_a_name_server_that_does_not_answer_is_cut_within_the_attempts_deadline(
+    acme: Tenant, webhook_settings: Any, receiver: Callable[..., Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look-up is part of the attempt: a resolver that never answers held the sender (and past its
+    claim, letting a second sender in) for as long as the system's retries took."""
+    webhook_settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S = 1.0
+    server = receiver()
+    endpoint_for(acme, server.url)
+    delivery = _emit(acme)
+    answer = threading.Event()
+    real_getaddrinfo = socket.getaddrinfo
+
+    def silent_name_server(*args: Any, **kwargs: Any) -> Any:
+        answer.wait(30)
+        return real_getaddrinfo(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent_name_server)
+    try:
+        started = time.monotonic()
+        assert webhook_deliver(delivery_id=delivery.pk) == 0.05  # failed, to be tried again
+        took = time.monotonic() - started
+    finally:
+        answer.set()
+
+    assert took < 2.5, took
+    [attempt] = delivery.attempts.all()
+    assert "did not resolve within 1 s" in attempt.error
+    assert server.requests() == []
+
+
 @pytest.mark.django_db(transaction=True)  # the attempt in flight runs in a thread of its own
 def test_a_tenant_over_its_places_in_flight_waits_while_another_tenant_is_delivered(
     acme: Tenant, webhook_settings: Any, trickle: Callable[[], TrickleReceiver], receiver: Callable[..., Receiver]

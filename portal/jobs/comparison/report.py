@@ -29,6 +29,8 @@ class ComparisonLimits:
     """Records whose nearest neighbours are compared (embeddings)."""
     max_vector_bytes: int
     """Memory for the vectors the neighbours are searched among (embeddings)."""
+    max_text_chars: int = 4_000
+    """Characters of each text the edit distance is measured on (generations): its cost is their product."""
 
 
 class _TaskFigures(Protocol):
@@ -48,7 +50,7 @@ def _figures_for(task: str, *, records: int, limits: ComparisonLimits) -> tuple[
         )
     if task == "classify":
         return "classification", LabelComparison()
-    return "text", TextComparison(most_changed=MOST_CHANGED)
+    return "text", TextComparison(most_changed=MOST_CHANGED, max_chars=limits.max_text_chars)
 
 
 def compare_outputs(*, old_uri: str, new_uri: str, task: str, records: int, limits: ComparisonLimits) -> dict[str, Any]:

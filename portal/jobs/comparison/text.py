@@ -52,9 +52,13 @@ def _completion_tokens(response: dict[str, Any]) -> int | None:
 
 class TextComparison:
     """Takes the records that succeeded on both sides (`add`), one at a time; `figures` reports them.
-    Memory: 8 bytes a record (the distances, for their percentiles) and `most_changed` records."""
+    Memory: 8 bytes a record (the distances, for their percentiles) and `most_changed` records. The edit
+    distance is measured on each text's first `max_chars` characters: its cost grows with the product of
+    the two lengths, and a generation may be as long as its tenant asks."""
 
-    def __init__(self, *, most_changed: int) -> None:
+    def __init__(self, *, most_changed: int, max_chars: int) -> None:
+        self._max_chars = max_chars
+        self._cut = 0
         self._distances = array("d")
         self._exact = 0
         self._char_change = 0
@@ -66,7 +70,13 @@ class TextComparison:
     def add(self, pair: Pair) -> None:
         old, new = pair.old["response"], pair.new["response"]
         old_text, new_text = response_text(old), response_text(new)
-        distance = normalised_edit_distance(old_text, new_text)
+        cap = self._max_chars
+        if len(old_text) > cap or len(new_text) > cap:
+            self._cut += 1
+        distance = normalised_edit_distance(old_text[:cap], new_text[:cap])
+        if distance == 0 and old_text != new_text:
+            # Equal prefixes of different texts: changed, by less than the prefix can show.
+            distance = min(1.0, 1 / cap)
         self._distances.append(distance)
         self._exact += old_text == new_text
         self._char_change += len(new_text) - len(old_text)
@@ -91,8 +101,9 @@ class TextComparison:
     def figures(self) -> dict[str, Any]:
         """`exact_match_rate` (of the records compared), `edit_distance` (the distribution of the normalised
         edit distance, `figures.distribution`), `mean_length_change` (`chars`, and `completion_tokens` over
-        the records whose usage counts them both times), `finish_reason_changes` (`"old->new"`: records) and
-        `most_changed` (highest distance first, each with its texts cut to `SHOWN_CHARS`)."""
+        the records whose usage counts them both times), `finish_reason_changes` (`"old->new"`: records),
+        `most_changed` (highest distance first, each with its texts cut to `SHOWN_CHARS`) and
+        `edit_distance_prefix` (`chars` measured of each text, `records` whose texts were longer)."""
         count = len(self._distances)
         return {
             "exact_match_rate": self._exact / count if count else None,
@@ -103,4 +114,5 @@ class TextComparison:
             },
             "finish_reason_changes": dict(sorted(self._finish.items())),
             "most_changed": self._most.entries(),
+            "edit_distance_prefix": {"chars": self._max_chars, "records": self._cut},
         }

@@ -137,18 +137,23 @@ def _claimed_attempt(delivery: WebhookDelivery, *, lease: dt.timedelta) -> float
 def _attempt(delivery: WebhookDelivery) -> Outcome:
     if not delivery.endpoint.enabled:
         return Outcome(status_code=None, error="the endpoint is disabled", permanent=True)
-    try:
-        # Checked again at each attempt: the allow-list or the host's DNS may have changed since.
-        destination = destination_check(delivery.endpoint.url, allowed_hosts=settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS)
-    except DestinationRefused as exc:
-        return Outcome(status_code=None, error=f"refused: {exc}", permanent=True)
-    except DestinationUnresolved as exc:
-        return Outcome(status_code=None, error=str(exc))
     timeout = settings.BATCHERY_WEBHOOK_TIMEOUT_S
     deadline = settings.BATCHERY_WEBHOOK_ATTEMPT_DEADLINE_S
     started = time.monotonic()
     try:
-        status_code = _post(delivery, destination, timeout=timeout, deadline=deadline)
+        # Checked again at each attempt: the allow-list or the host's DNS may have changed since. The
+        # look-up is part of the attempt, within its deadline.
+        destination = destination_check(
+            delivery.endpoint.url,
+            allowed_hosts=settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS,
+            resolve_timeout_s=min(timeout, deadline),
+        )
+    except DestinationRefused as exc:
+        return Outcome(status_code=None, error=f"refused: {exc}", permanent=True)
+    except DestinationUnresolved as exc:
+        return Outcome(status_code=None, error=str(exc))
+    try:
+        status_code = _post(delivery, destination, timeout=timeout, deadline=deadline - (time.monotonic() - started))
     except httpcore.TimeoutException as exc:
         if isinstance(exc, DeadlinePassed) or time.monotonic() - started >= deadline:
             return Outcome(

@@ -50,7 +50,12 @@ def webhook_endpoint_create(
     if len(url) > MAX_URL_CHARS:
         raise WebhookRefused(f"the URL is longer than {MAX_URL_CHARS} characters", field="url")
     try:
-        destination_check(url, allowed_hosts=settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS)
+        # Within a web request: a slow name server is answered, not waited on.
+        destination_check(
+            url,
+            allowed_hosts=settings.BATCHERY_WEBHOOK_ALLOWED_HOSTS,
+            resolve_timeout_s=settings.BATCHERY_WEBHOOK_RESOLVE_TIMEOUT_S,
+        )
     except (DestinationRefused, DestinationUnresolved) as exc:
         raise WebhookRefused(str(exc), field="url") from None
     with transaction.atomic():

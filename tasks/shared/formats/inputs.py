@@ -44,6 +44,15 @@ from tasks.shared.formats.jsonl import (
     parse_line,
     read_lines,
 )
+from tasks.shared.formats.parquet_input import (
+    ExpansionMeter,
+    batch_values,
+    check_declared_sizes,
+    encoded_columns,
+    is_messages,
+    is_string,
+    row_bytes,
+)
 from tasks.shared.formats.records import TASK_INPUT_FIELDS, LineProblem, Record
 
 FORMATS = ("auto", "jsonl", "csv", "tsv", "parquet")
@@ -255,7 +264,13 @@ def _items(
     plain = decompressed(stream, input_format.compression, head, limits)
     if input_format.kind == "parquet":
         spill = input_format.compression is not None or not stream.seekable()
-        return _parquet_items(plain, spill=spill, options=options, input_field=input_field)
+        return _parquet_items(
+            plain,
+            spill=spill,
+            options=options,
+            input_field=input_field,
+            limits=limits or DecompressionLimits.configured(),
+        )
     if input_format.kind == "jsonl":
         return _jsonl_items(plain, input_field)
     delimiter = "," if input_format.kind == "csv" else "\t"
@@ -401,10 +416,10 @@ def _delimited_items(
 
 
 def _parquet_items(
-    stream: IO[bytes], *, spill: bool, options: InputOptions, input_field: str
+    stream: IO[bytes], *, spill: bool, options: InputOptions, input_field: str, limits: DecompressionLimits
 ) -> Iterator[Record | LineProblem]:
     if not spill:
-        yield from _read_parquet(stream, options, input_field)
+        yield from _read_parquet(stream, options, input_field, limits)
         return
     # Parquet is read from its footer backwards; an S3 body or a decompressed stream cannot seek,
     # so it is first copied, streaming, to a temporary file: no larger than the decompression limits.
@@ -415,24 +430,15 @@ def _parquet_items(
             yield FileProblem(0, corrupt_message(exc))
             return
         copy.seek(0)
-        yield from _read_parquet(copy, options, input_field)
+        yield from _read_parquet(copy, options, input_field, limits)
 
 
-def _is_string(data_type: Any) -> bool:
-    if pa.types.is_dictionary(data_type):
-        data_type = data_type.value_type
-    return bool(
-        pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type)
-    )
-
-
-def _is_messages(data_type: Any) -> bool:
-    is_list = pa.types.is_list(data_type) or pa.types.is_large_list(data_type)
-    return bool(is_list and pa.types.is_struct(data_type.value_type))
-
-
-def _read_parquet(source: IO[bytes], options: InputOptions, input_field: str) -> Iterator[Record | LineProblem]:
+def _read_parquet(
+    source: IO[bytes], options: InputOptions, input_field: str, limits: DecompressionLimits
+) -> Iterator[Record | LineProblem]:
     try:
+        file_bytes = source.seek(0, io.SEEK_END)
+        source.seek(0)
         parquet = pq.ParquetFile(source)
     except (pa.ArrowException, OSError) as exc:
         yield FileProblem(0, f"not a readable Parquet file ({exc})")
@@ -444,25 +450,37 @@ def _read_parquet(source: IO[bytes], options: InputOptions, input_field: str) ->
         return
     text_column = options.text_column or input_field
     text_type = schema.field(text_column).type
-    text_fits = _is_string(text_type) or (input_field == _CHAT_FIELD and _is_messages(text_type))
+    text_fits = is_string(text_type) or (input_field == _CHAT_FIELD and is_messages(text_type))
     wanted = "a string or a list of messages" if input_field == _CHAT_FIELD else "a string"
     wrong_text = None if text_fits else f"text in column {text_column!r} is {text_type}, not {wanted}"
     id_column = options.id_column
     wrong_id = None
     if id_column is not None:
         id_type = schema.field(id_column).type
-        if not (_is_string(id_type) or pa.types.is_integer(id_type)):
+        if not (is_string(id_type) or pa.types.is_integer(id_type)):
             wrong_id = f"custom_id in column {id_column!r} is {id_type}, not a string or an integer"
     columns = list(dict.fromkeys(name for name in (text_column, id_column) if name is not None))
+    check_declared_sizes(parquet, columns, limits=limits)
+    meter = ExpansionMeter(limits=limits, file_bytes=file_bytes)
     row = 0
     try:
+        # Dictionaries stay encoded until a row is taken: decoded whole, a small file could fill memory.
+        parquet = pq.ParquetFile(source, metadata=parquet.metadata, read_dictionary=encoded_columns(parquet, columns))
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-            texts = batch.column(text_column).to_pylist()
-            ids = batch.column(id_column).to_pylist() if id_column is not None else None
+            text_array = batch.column(text_column)
+            sizes = row_bytes(text_array)
+            if id_column is not None and id_column != text_column:
+                sizes = sizes + row_bytes(batch.column(id_column))
+            meter.add(sizes, first_row=row + 1)
+            oversized = set(meter.oversized(sizes))
+            texts = batch_values(text_array, oversized)
+            ids = batch_values(batch.column(id_column), oversized) if id_column is not None else None
             for offset, text in enumerate(texts):
                 row += 1
                 custom_id = str(row) if ids is None else ids[offset]
-                if text is None:
+                if offset in oversized:
+                    yield RowProblem(row, meter.row_problem(int(sizes[offset]), text_column))
+                elif text is None:
                     yield RowProblem(row, f"null text in column {text_column!r}")
                 elif wrong_text:
                     yield RowProblem(row, wrong_text)

@@ -4,6 +4,7 @@ changed between the outputs, and outputs of different inputs refused."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,28 @@ def test_a_chat_answer_in_openais_shape_is_compared_by_its_message_content(tmp_p
     assert text["exact_match_rate"] == 0.5
     assert text["edit_distance"]["mean"] == pytest.approx(0.125), "(0 + 1/4) / 2"
     assert text["mean_length_change"] == {"chars": 0.0, "completion_tokens": 0.0}
+
+
+def test_the_edit_distance_of_long_texts_is_measured_on_their_prefix_in_bounded_time(tmp_path: Path) -> None:
+    # Whole, these two texts of 200,000 characters take about 10 s to compare (quadratic); a record costs
+    # at most the prefix's few milliseconds, however long the tenant let its generations run.
+    rng = random.Random(5)
+    long_old = "".join(rng.choice("abcdefgh ") for _ in range(200_000))
+    long_new = "".join(rng.choice("abcdefgh ") for _ in range(200_000))
+    tail_only = "x" * 100 + "y" * 5_000
+    old = write(tmp_path / "old", [ok("a", long_old), ok("b", tail_only), ok("c", "short")])
+    new = write(tmp_path / "new", [ok("a", long_new), ok("b", "x" * 100 + "z" * 5_000), ok("c", "short")])
+    limits = ComparisonLimits(neighbour_sample=200, max_vector_bytes=1 << 20, max_text_chars=1_000)
+
+    started = time.monotonic()
+    text = compare_outputs(old_uri=old, new_uri=new, task="generate", records=3, limits=limits)["text"]
+
+    assert time.monotonic() - started < 2.0
+    assert text["edit_distance_prefix"] == {"chars": 1_000, "records": 2}
+    distances = {entry["custom_id"]: entry["edit_distance"] for entry in text["most_changed"]}
+    assert 0.5 < distances["a"] < 1, "random texts differ in most places of their prefix"
+    assert distances["b"] == pytest.approx(0.9), "the prefix's last 900 characters differ"
+    assert text["exact_match_rate"] == pytest.approx(1 / 3)
 
 
 def test_neighbours_are_compared_for_a_seeded_sample_when_the_pool_is_larger(tmp_path: Path) -> None:

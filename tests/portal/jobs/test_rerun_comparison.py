@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 
 from portal.catalog.models import Model
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.requests import JobRequest, SubmissionError
+from portal.jobs.services import comparison
 from portal.jobs.services.comparison import (
     ComparisonNotReady,
     ComparisonPending,
@@ -29,7 +31,7 @@ from portal.jobs.services.rerun import RerunChanges, job_rerun, rerun_params
 from portal.jobs.services.submit import job_submit
 from portal.jobs.storage_layout import comparison_uri, job_root
 from tasks import send
-from tasks.shared.leases import Lease, job_lease_key
+from tasks.shared.leases import Lease, job_lease_key, lease_holder
 from tasks.shared.redis_client import redis_client
 from tasks.shared.storage import store_for
 from tests.factories import ModelFactory, TenantFactory
@@ -291,6 +293,70 @@ def test_a_large_rerun_whose_outputs_the_task_cannot_compare_is_answered_why_not
     with pytest.raises(OutputsNotComparable, match="not of one input"):
         job_comparison_read(job=new)
     assert sent == [str(new.id)], "the task is not asked again while its answer is kept"
+
+
+def test_a_read_leaves_a_small_comparison_to_the_reader_already_computing_it(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 5_000
+    uri = comparison_uri(job_root(new))
+
+    # Parallel reads of a report not written each computed it: the second waits for the first's file.
+    with Lease(job_lease_key("compare", str(new.id)), "read@another-portal-worker", exclusive=True):
+        with pytest.raises(ComparisonPending, match="being written"):
+            job_comparison_read(job=new)
+        assert not store_for(uri).exists(uri), "not computed while another reader computes it"
+
+    report = job_comparison_read(job=new)
+    assert report["records"]["compared"] == 30
+    assert store_for(uri).exists(uri)
+
+
+def test_a_comparison_task_past_its_time_limit_is_answered_why_and_not_sent_again_at_every_poll(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+    with pytest.raises(ComparisonPending):
+        job_comparison_read(job=new)
+
+    def out_of_time(**kwargs: Any) -> dict[str, Any]:
+        raise SoftTimeLimitExceeded()  # what Celery raises in the task's thread at its soft time limit
+
+    with monkeypatch.context() as patch:
+        patch.setattr(comparison, "compare_outputs", out_of_time)
+        job_comparison_write(job_id=sent[0], worker="compare@test")
+
+    redis_client().delete(f"batchery:compare-asked:{new.id}")  # past ASKED_AGAIN_AFTER_S
+    for _ in range(3):
+        with pytest.raises(OutputsNotComparable, match="longer than the comparison task may run"):
+            job_comparison_read(job=new)
+    assert sent == [str(new.id)], "the task is not sent again at every poll while its answer is kept"
+    assert lease_holder(job_lease_key("compare", str(new.id))) is None
+
+
+def test_a_comparison_task_killed_again_and_again_is_answered_why_and_not_started_for_ever(
+    roots: Path, settings: Any, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = classifier_rerun(roots, django_capture_on_commit_callbacks)
+    assert new.rerun_of is not None
+    settings.BATCHERY_COMPARISON_INLINE_RECORDS = 29
+    sent: list[str] = []
+    monkeypatch.setattr(send, "send_comparison", sent.append)
+    # Three starts that never ended: each killed (its hard time limit, its memory) and its message given back.
+    redis_client().set(f"batchery:compare-started:{new.id}:{new.rerun_of.retry_round}:{new.retry_round}", 3)
+
+    job_comparison_write(job_id=str(new.id), worker="compare@test")
+
+    uri = comparison_uri(job_root(new))
+    assert not store_for(uri).exists(uri), "the fourth start does not try again"
+    for _ in range(3):
+        with pytest.raises(OutputsNotComparable, match="stopped 3 times before it finished"):
+            job_comparison_read(job=new)
+    assert sent == [], "nor do the reads ask for it while the answer is kept"
 
 
 def test_a_rerun_of_another_task_is_refused_naming_the_model_and_a_job_that_is_no_rerun_has_no_comparison(

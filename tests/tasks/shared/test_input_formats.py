@@ -369,7 +369,8 @@ def test_a_large_parquet_input_is_read_a_batch_at_a_time(tmp_path: Path, monkeyp
     assert count == rows
     assert check.ok
     assert batch_sizes == [inputs.PARQUET_BATCH_ROWS]
-    assert peak < table_bytes / 10
+    # About a row group's pages and a batch's dictionaries (kept encoded, `parquet_input`): an eighth here.
+    assert peak < table_bytes / 6
 
 
 def test_a_parquet_input_that_cannot_seek_is_copied_to_a_temporary_file_first(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from portal.devstack.stack import Stack, StackOptions
 
 class Command(BaseCommand):
     help = (
-        "Run the portal (127.0.0.1:8000), Flower (127.0.0.1:5555), the control, planning, webhooks and validation "
-        "workers and a worker per slot."
+        "Run the portal (127.0.0.1:8000), Flower (127.0.0.1:5555), beat, the control, planning, webhooks and "
+        "validation workers and a worker per slot."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -59,5 +59,5 @@ class Command(BaseCommand):
                 stack.check_alive()
                 time.sleep(0.5)
         finally:
-            self.stdout.write("stopping: workers finish their current shard first")
+            self.stdout.write("stopping: running shards go back to the queue, to run again at the next start")
             stack.stop()
