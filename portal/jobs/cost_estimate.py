@@ -19,9 +19,11 @@ The budget quota holds a job to its `hold`, what it is expected to cost without 
     hold = (gpu_seconds * dearest per-second + input_tokens * dearest input price
             + records * output_tokens * n * dearest output price) * reach
 
-where output_tokens is `max_completion_tokens` or `max_tokens` of the job's params over the model's
-defaults (the engines' own default, 16, where neither sets it) and n the completions asked per record;
-`reach` extends a sample read from the start of the input to the whole input's size (1: all was read).
+where output_tokens * n is each record's own: `max_completion_tokens` or `max_tokens` of its params over
+the job's over the model's defaults (the engines' own default, 16, where none sets it), times the
+completions `n` it asks (`OutputCaps` sums them over the records the dry run read, an OpenAI batch's
+lines each with their own `max_tokens`); `reach` extends a sample read from the start of the input to the
+whole input's size (1: all was read).
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ def cost_estimate(
     params: Mapping[str, Any],
     day: dt.date | None = None,
     reach: float = 1.0,
+    output_tokens: int | None = None,
 ) -> CostEstimate:
     """The bounds of a job's cost from the dry run's estimates (see the module). `input_tokens` None: the
-    engine has no tokenizer, so the input's tokens are bounded by 0 and, where they are priced, nothing."""
+    engine has no tokenizer, so the input's tokens are bounded by 0 and, where they are priced, nothing.
+    `output_tokens`: the records' output caps times their `n`, summed (`OutputCaps`) and scaled to the whole
+    input; None: `records` at the job's own cap."""
     day = day or timezone.now().date()
     book = PriceBook(model_ids=[model.pk])
     found = [
@@ -103,7 +108,7 @@ def cost_estimate(
         high=None if high is None else _round_up(high, currency),
         currency=currency,
         priced=True,
-        hold=_round_up(_hold(model, prices, seconds, tokens, records, params, reach), currency),
+        hold=_round_up(_hold(model, prices, seconds, tokens, records, params, reach, output_tokens), currency),
     )
 
 
@@ -119,17 +124,39 @@ def _hold(
     records: int,
     params: Mapping[str, Any],
     reach: float,
+    output_tokens: int | None,
 ) -> Decimal:
     """The budget's hold (see the module): every figure at the dearest of the job's prices."""
     hold = seconds * max(p.per_gpu_second for p in prices)
     hold += tokens * max(max(p.per_million_input_tokens, p.cached_input_price) for p in prices) / MILLION
     if model.task in GENERATING:
-        effective = {**model.default_params, **params}
-        output = _max_output_tokens(effective) or ENGINE_DEFAULT_OUTPUT_TOKENS
-        n = effective.get("n")
-        completions = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
-        hold += records * output * completions * max(p.per_million_output_tokens for p in prices) / MILLION
+        if output_tokens is None:
+            output_tokens = records * OutputCaps(model, params).record_cap(None)
+        hold += output_tokens * max(p.per_million_output_tokens for p in prices) / MILLION
     return hold * Decimal(repr(max(float(reach), 1.0)))
+
+
+class OutputCaps:
+    """Sums the most tokens each record may generate, all its completions together, as the engines read its
+    params: its own over the job's over the model's defaults."""
+
+    def __init__(self, model: Model, params: Mapping[str, Any]) -> None:
+        self._base = {**model.default_params, **params}
+        self._job_cap = self._cap(self._base)
+        self.total = 0
+
+    def record_cap(self, own: Any) -> int:
+        """The output tokens a record with params `own` (its `params` field, if any) may generate."""
+        return self._cap({**self._base, **own}) if isinstance(own, Mapping) and own else self._job_cap
+
+    def add(self, own: Any) -> None:
+        self.total += self.record_cap(own)
+
+    @staticmethod
+    def _cap(params: Mapping[str, Any]) -> int:
+        n = params.get("n")
+        completions = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+        return (_max_output_tokens(params) or ENGINE_DEFAULT_OUTPUT_TOKENS) * completions
 
 
 def _max_output_tokens(params: Mapping[str, Any]) -> int | None:

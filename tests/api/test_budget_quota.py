@@ -104,3 +104,30 @@ def test_a_job_within_the_budget_holds_its_cost_so_the_next_one_counts_it(
         job_submit(tenant=alice.tenant, request=JobRequest(model_name=minilm.name, input_uri=str(path)))
     assert refused.value.quota == "monthly_budget" and refused.value.current == f"{low:.2f}"
     assert Job.objects.count() == 1
+
+
+def test_the_hold_counts_each_record_s_own_output_cap_as_an_openai_batch_line_sets_it(
+    caller: Callable[..., Caller], tiny_chat: Any, write_jsonl: Callable[..., Path]
+) -> None:
+    alice = caller("acme")
+    price(tiny_chat, per_million_output_tokens="1000000", effective_from=timezone.now().date())
+    messages = [{"role": "user", "content": "hi"}]
+    plain = write_jsonl([{"custom_id": f"r{n}", "messages": messages} for n in range(12)], "plain.jsonl")
+    own = write_jsonl(
+        [{"custom_id": f"r{n}", "messages": messages, "params": {"max_tokens": 1000, "n": 2}} for n in range(12)],
+        "own.jsonl",
+    )
+
+    def hold(path: Path) -> Decimal:
+        with path.open("rb") as handle:
+            answer = alice.client.post(
+                "/api/v1/jobs/",
+                {"file": handle, "model": "tiny-chat", "params": '{"max_tokens": 10}', "dry_run": "true"},
+                format="multipart",
+            )
+        assert answer.status_code == 200, answer.content
+        return Decimal(answer.json()["cost"]["hold"])
+
+    # One unit a generated token: the job's cap, 10 a record; each record's own, 1,000 twice.
+    assert hold(plain) == 12 * 10
+    assert hold(own) == 12 * 1000 * 2

@@ -41,7 +41,7 @@ from portal.execution.prefix_groups import prefix_key_for
 from portal.execution.shard_cut import CutShard, ShardCut, ShardCutter, record_chars
 from portal.jobs.adapters import JobAdapters
 from portal.jobs.budget import BudgetLine, budget_line
-from portal.jobs.cost_estimate import CostEstimate, cost_estimate
+from portal.jobs.cost_estimate import GENERATING, CostEstimate, OutputCaps, cost_estimate
 from portal.jobs.models import SCHEDULABLE, UNSETTLED, Job, Shard
 from portal.jobs.quota import QuotaLine, input_limits, quota_lines, quota_usage
 from portal.jobs.record_checks import record_checks
@@ -237,11 +237,13 @@ def job_dry_run(
     checked = InputCheck(size=size, records=counted)
     draft = accepted.job(checked, job_id=str(uuid.uuid4()))  # never saved
     cut = ShardCut.for_job(draft)
+    outputs = OutputCaps(accepted.model, accepted.params) if accepted.model.task in GENERATING else None
     check, cuts, groups, tokens, read = _read(
         draft,
         cut=cut,
         input_field=accepted.input_field,
         counter=counter,
+        outputs=outputs,
         budget=budget,
         limits=limits,
         adapters=adapters,
@@ -271,6 +273,7 @@ def job_dry_run(
         records=estimated_records,
         params=accepted.params,
         reach=_reach(sample, size=size),
+        output_tokens=round(outputs.total * scale) if outputs is not None else None,
     )
     return DryRunReport(
         model=str(accepted.model),
@@ -388,12 +391,14 @@ def _read(
     cut: ShardCut,
     input_field: str,
     counter: TokenCounter | None,
+    outputs: OutputCaps | None,
     budget: SampleBudget,
     limits: DecompressionLimits,
     adapters: JobAdapters,
 ) -> tuple[JsonlCheck, list[CutShard], PrefixGroups | None, _TokenTally | None, int]:
     """One pass over the input as the planner makes it, as far as the budget goes: the check, the
-    shard cuts, the prefix groups, the token counts, and the input's bytes read."""
+    shard cuts, the prefix groups, the token counts, and the input's bytes read (each record's output
+    cap summed into `outputs`)."""
     check = JsonlCheck()
     budget.stopped_by = None  # a count cut short before: this pass alone says whether the input was read whole
     records, position = _records(
@@ -416,6 +421,8 @@ def _read(
                     sizes.append(record_chars(record, input_field))
                 if tokens is not None:
                     tokens.add(record.line, record.data.get(input_field))
+                if outputs is not None:
+                    outputs.add(record.data.get("params"))
         except SampleEnds:
             if check.records > budget.max_records:
                 check.records = budget.max_records
