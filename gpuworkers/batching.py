@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -343,8 +344,19 @@ def _describe(exc: Exception) -> str:
     return message
 
 
+_LOCATION = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"]+|(?<![\w.~-])(?:/[\w.@+~-]+){2,}/?")
+"""A URI (``s3://…``, ``file://…``) or an absolute path of two segments or more, as an engine's exception
+names the weights, cache or storage it was reading: the host's layout, never the tenant's to see."""
+
+
+def redact_locations(message: str) -> str:
+    """``message`` (an engine's exception, for a record's error line) with every location written ``<path>``."""
+    return _LOCATION.sub("<path>", message)
+
+
 def _failed(custom_id: str, failure: _Failure) -> RecordResult:
-    return RecordResult(custom_id, None, {"code": failure.code, "message": failure.message})
+    # The tenant reads the message; the slot's log keeps it whole.
+    return RecordResult(custom_id, None, {"code": failure.code, "message": redact_locations(failure.message)})
 
 
 def _is_out_of_memory(exc: Exception) -> bool:

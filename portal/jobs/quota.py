@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
-from portal.catalog.models import Model
 from portal.jobs.models import FINAL_STATUSES, Job, JobUsage
 from portal.jobs.requests import SubmissionError
 from portal.jobs.usage import month_of
@@ -156,23 +155,6 @@ def _quota_line(
 ) -> QuotaLine:
     refused = (message or exceeded_message(name, limit, used, adds)) if over else None
     return QuotaLine(quota=name, limit=limit, used=used, adds=adds, refused=refused)
-
-
-def quota_check_model(tenant: Tenant, model: Model, allowed: QuerySet[Model]) -> None:
-    """Refuse a model that the tenant's quota (its `allowed` models, `catalog.selectors.models_for_tenant`)
-    excludes, naming the limit that does."""
-    if allowed.filter(pk=model.pk).exists():
-        return
-    names = sorted(set(allowed.values_list("name", flat=True)))
-    quota = Quota.objects.get(tenant=tenant)
-    which = "allowed_models" if quota.allowed_models.exists() else "allowed_gpu_classes"
-    raise QuotaExceeded(
-        quota=which,
-        limit=names,
-        current=str(model),
-        requested=str(model),
-        message=f"quota {which}: model {model} is not allowed for this tenant; allowed: {', '.join(names) or 'none'}",
-    )
 
 
 def _locked_quota(tenant: Tenant) -> Quota:

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from portal.audit.admin import admin_actor
 from portal.tenancy.apikeys import apikey_revoke
 from portal.tenancy.models import ApiKey, Invitation, Membership, Quota, Tenant
-from portal.tenancy.services import tenant_rows_save, tenant_save, users_deactivate
+from portal.tenancy.services import tenant_rows_save, tenant_save, user_save, users_deactivate
 
 
 class MembershipInline(admin.TabularInline):
@@ -89,13 +89,7 @@ class OperatorUserAdmin(UserAdmin):
     actions = ["deactivate_users"]
 
     def save_model(self, request: HttpRequest, obj: User, form: ModelForm, change: bool) -> None:
-        # The form's Active box unticked: the rest of the form saved as it is, the deactivation by the service.
-        deactivating = change and "is_active" in form.changed_data and not obj.is_active
-        if deactivating:
-            obj.is_active = True
-        super().save_model(request, obj, form, change)
-        if deactivating:
-            users_deactivate(users=[obj], actor=admin_actor(request))
+        user_save(user=obj, actor=admin_actor(request))
 
     @admin.action(description="Deactivate selected users", permissions=["change"])
     def deactivate_users(self, request: HttpRequest, queryset: QuerySet[User]) -> None:

@@ -109,7 +109,8 @@ class Quota(models.Model):
         blank=True,
         validators=[MinValueValidator(0)],
         help_text="What the tenant's jobs may cost a calendar month (UTC), in the deployment's currency "
-        "(BATCHERY_CURRENCY): a job whose dry run's low estimate passes what is left is refused.",
+        "(BATCHERY_CURRENCY): a job (or retry) whose hold passes what is left is refused, and a running job "
+        "stops when its spend reaches it.",
     )
     allowed_models = models.ManyToManyField(
         "catalog.Model", blank=True, related_name="+", help_text="Empty: every enabled model."
@@ -123,9 +124,9 @@ class Quota(models.Model):
 
 
 class BudgetHold(models.Model):
-    """A submitted job's low cost estimate, held against its tenant's `monthly_budget` until it ends (its
-    ledger line then counts instead). Written at submission with the quota row locked; a hold whose job
-    has ended is no longer counted (`portal.jobs.budget`)."""
+    """A submitted (or retried) job's hold, the dry run's `cost.hold`, held against its tenant's
+    `monthly_budget` until it ends (its ledger line then counts instead). Written with the quota row locked;
+    a hold whose job has ended is no longer counted (`portal.jobs.budget`)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budget_holds")
     job_id = models.UUIDField(unique=True)

@@ -81,6 +81,21 @@ def users_deactivate(*, users: Iterable[User], actor: User | None) -> int:
     return done
 
 
+def user_save(*, user: User, actor: User | None) -> None:
+    """Save a user changed by hand (the admin's user form). Active unticked deactivates the user through
+    `users_deactivate`, as the admin's action does: the rest of the change saved as it is, then the
+    deactivation with its audit entry and its invitations revoked."""
+    deactivating = (
+        user.pk is not None and not user.is_active and User.objects.filter(pk=user.pk, is_active=True).exists()
+    )
+    with transaction.atomic():
+        if deactivating:
+            user.is_active = True
+        user.save()
+        if deactivating:
+            users_deactivate(users=[user], actor=actor)
+
+
 def user_get_or_create(*, username: str) -> User:
     """The user of this name, created (with no password: it signs in with its API keys) if there is none."""
     user, _ = User.objects.get_or_create(username=username)

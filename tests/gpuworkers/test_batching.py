@@ -358,3 +358,19 @@ def test_should_stop_is_not_asked_before_the_first_micro_batch() -> None:
 
     assert [result.custom_id for result in results] == [f"id-{index}" for index in range(3)]
     assert asked == 1
+
+
+def test_a_record_s_error_names_no_location_of_the_host_or_its_storage() -> None:
+    engine = RaisingEngine(
+        FileNotFoundError(
+            "no tokenizer at /var/lib/batchery/model-cache/ab12/tokenizer.json nor at "
+            "s3://platform-bucket/adapters/17/alpha/ (tried 'config.json')"
+        )
+    )
+
+    [result] = run_records(engine, items_of("a"), params={}, micro_batch_size=8)
+
+    assert result.error == {
+        "code": "engine_error",
+        "message": "FileNotFoundError: no tokenizer at <path> nor at <path> (tried 'config.json')",
+    }

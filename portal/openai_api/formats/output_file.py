@@ -33,6 +33,11 @@ class OutputCounts:
 STOPPED_BATCH_ERRORS: Mapping[str, tuple[str, str]] = {
     "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "budget_exceeded": (
+        "budget_exceeded",
+        "This request was not executed because the tenant's monthly budget was reached; retry the batch's job "
+        "once the budget allows.",
+    ),
 }
 """Batchery's codes for records that never ran, to OpenAI's ``(code, message)``: these get no response."""
 

@@ -266,7 +266,10 @@ def test_completion_logprobs_take_the_completions_column_shape() -> None:
     assert [(choice.index, choice.text, choice.logprobs) for choice in parsed.choices][1] == (1, "q", None)
 
 
-@pytest.mark.parametrize(("code", "openai_code"), [("cancelled", "batch_cancelled"), ("expired", "batch_expired")])
+@pytest.mark.parametrize(
+    ("code", "openai_code"),
+    [("cancelled", "batch_cancelled"), ("expired", "batch_expired"), ("budget_exceeded", "budget_exceeded")],
+)
 def test_records_that_never_ran_get_no_response_and_openai_batch_error(code: str, openai_code: str) -> None:
     converted = convert_out([embedded("a", [1.0]), failed("b", code, f"the job was {code} before this record ran")])
 
