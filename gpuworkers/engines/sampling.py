@@ -54,8 +54,9 @@ class ParamError(ValueError):
         self.field = field
 
 
-class SchemaTooLarge(ParamError):
-    """A JSON schema over this platform's bounds (`check_schema_bounds`)."""
+class SchemaRefused(ParamError):
+    """A JSON schema a shared slot does not compile (`check_schema_bounds`): over this platform's bounds, or
+    referring to another document."""
 
 
 def sampling_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,8 +132,13 @@ def structured_output(params: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"json": dict(schema)}
 
 
+_REFERENCES = ("$ref", "$dynamicRef", "$recursiveRef")
+"""JSON Schema's references: one to another document is a URL a grammar backend would resolve."""
+
+
 def check_schema_bounds(field: str, schema: Any) -> None:
-    """Raise `ParamError` naming `field` where a JSON schema is larger than a shared slot compiles.
+    """Raise `ParamError` naming `field` where a JSON schema is larger than a shared slot compiles, or refers to
+    another document (a ``$ref`` that is not ``#…``).
 
     vLLM compiles each schema into a grammar on the slot, and neither it nor its grammar backends bound the
     time that takes; the schema's size (``BATCHERY_MAX_JSON_SCHEMA_BYTES``), nesting depth
@@ -150,17 +156,25 @@ def check_schema_bounds(field: str, schema: Any) -> None:
     while stack:
         value, depth = stack.pop()
         if depth > depth_limit:
-            raise SchemaTooLarge(
+            raise SchemaRefused(
                 field,
                 f"{field} nests deeper than {depth_limit} levels, this platform's limit "
                 "(BATCHERY_MAX_JSON_SCHEMA_DEPTH)",
             )
         if isinstance(value, Mapping):
+            for keyword in _REFERENCES:
+                reference = value.get(keyword)
+                if reference is not None and not (isinstance(reference, str) and reference.startswith("#")):
+                    raise SchemaRefused(
+                        field,
+                        f"{field} holds a {keyword} to {str(reference)[:100]!r}: only references within the "
+                        "schema (#/...) are taken, since a slot fetches nothing a request names",
+                    )
             named = value.get("properties")
             if isinstance(named, Mapping):
                 properties += len(named)
                 if properties > properties_limit:
-                    raise SchemaTooLarge(
+                    raise SchemaRefused(
                         field,
                         f"{field} has more than {properties_limit} properties, this platform's limit "
                         "(BATCHERY_MAX_JSON_SCHEMA_PROPERTIES)",
@@ -170,7 +184,7 @@ def check_schema_bounds(field: str, schema: Any) -> None:
             stack.extend((item, depth + 1) for item in value if isinstance(item, Mapping | list))
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > size_limit:
-        raise SchemaTooLarge(
+        raise SchemaRefused(
             field,
             f"{field} is {size} bytes, over this platform's limit of {size_limit} (BATCHERY_MAX_JSON_SCHEMA_BYTES)",
         )

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuworkers.engines.sampling import ParamError, SchemaTooLarge, check_schema_bounds, structured_output
+from gpuworkers.engines.sampling import ParamError, SchemaRefused, check_schema_bounds, structured_output
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for a function's name."""
@@ -109,12 +109,12 @@ def reply_format(params: Mapping[str, Any], calls: ToolCalls | None) -> dict[str
 
 
 def check_reply_schema_bounds(params: Mapping[str, Any]) -> None:
-    """Raise `SchemaTooLarge` where a schema ``params`` give is over this platform's bounds: their
+    """Raise `SchemaRefused` where a schema ``params`` give is one a slot does not compile: their
     ``response_format``'s, or their tools' (as ``tool_choice`` ``required`` holds a reply to all of them, the
     largest schema they make). For a record's own params, judged alone; their other faults are the engine's."""
     try:
         structured_output(params)
-    except SchemaTooLarge:
+    except SchemaRefused:
         raise
     except ParamError:
         pass

@@ -19,7 +19,7 @@ import orjson
 
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.request_params import ADAPTER_NOT_A_PARAM, PLATFORM_FIELDS
-from gpuworkers.engines.sampling import SchemaTooLarge
+from gpuworkers.engines.sampling import SchemaRefused
 from gpuworkers.engines.tools import check_reply_schema_bounds
 from tasks.shared.formats.id_hashes import IdHashes
 from tasks.shared.formats.records import LineProblem, Record, input_problem
@@ -104,7 +104,7 @@ def _record_params_problem(params: object) -> str | None:
     try:
         # A schema is compiled on a shared slot: one over the bounds is refused here, not met there.
         check_reply_schema_bounds(params)
-    except SchemaTooLarge as exc:
+    except SchemaRefused as exc:
         return f"params.{exc}"
     return None
 

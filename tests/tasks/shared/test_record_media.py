@@ -57,3 +57,11 @@ def test_a_records_own_schema_over_the_bounds_is_refused_naming_the_field(monkey
     problem = parse_line(line([{"role": "user", "content": "hi"}], params=params), 4, "messages")
     assert isinstance(problem, LineProblem)
     assert str(problem).startswith("line 4: params.response_format.json_schema.schema has more than 3 properties")
+
+
+def test_a_records_own_schema_referring_to_a_url_is_refused_at_submission_naming_the_line() -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "http://169.254.169.254/latest/meta-data/"}}}
+    params = {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+    problem = parse_line(line([{"role": "user", "content": "hi"}], params=params), 5, "messages")
+    assert isinstance(problem, LineProblem)
+    assert str(problem).startswith("line 5: params.response_format.json_schema.schema holds a $ref")
