@@ -69,7 +69,7 @@ class BudgetLine:
 
 def month_spend(tenant_id: int, *, excluding: Any = None) -> Decimal:
     """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds; `excluding`,
-    a job id, leaves that job's line and hold out."""
+    a job id, leaves that job's lines (all its endings this month) and hold out."""
     lines = kept_costs(
         JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())).exclude(job_id=excluding)
     )
