@@ -215,11 +215,14 @@ def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
     }
 
 
-def job_cost_so_far(job: Job) -> Decimal:
-    """What a job's ended shards cost so far (its settled tokens and seconds), at today's prices;
-    once it ends, its ledger line's cost is the one billed. Summed in the database: the budget asks it at
-    every settling of a running job, so only the shards that ran adapters are read row by row."""
+def job_cost_so_far(job: Job, *, round_: int | None = None) -> Decimal:
+    """What a job's ended shards (of round `round_` only, where given) cost so far (their settled tokens and
+    seconds), at today's prices; once a round ends, its ledger line's cost is the one billed. Summed in the
+    database: the budget asks it at every settling of a running job, so only the shards that ran adapters are
+    read row by row."""
     settled = job.shards.exclude(status__in=UNSETTLED)
+    if round_ is not None:
+        settled = settled.filter(round=round_)
     sums = settled.aggregate(
         records=Coalesce(Sum("record_count"), 0),
         prompt=Coalesce(Sum("prompt_tokens"), 0),

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.forms.models import model_to_dict
+from django.utils import timezone
 
+from portal.jobs.budget import budget_reached
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.signals import job_ending
 from portal.jobs.transitions import job_transition
 from portal.jobs.usage import usage_record
 from portal.openai_api.selectors import _usage
+from portal.tenancy.models import Quota
 from tests.api.conftest import Caller
 from tests.support.ledger import price
 
@@ -164,3 +167,32 @@ def test_a_redelivered_ending_writes_nothing_and_adds_no_gpu_seconds(acme: Any, 
     assert not job_transition(
         job_id=str(job.pk), source=JobStatus.MERGING, target=JobStatus.SUCCEEDED, finished_at=DEC_3
     )
+
+
+def _retry_running(job: Job, *, seconds: float) -> None:
+    """The job's retry round running, one of its shards settled after `seconds` GPU-seconds."""
+    pk = str(job.pk)
+    job_transition(
+        job_id=pk, source=JobStatus.PARTIALLY_SUCCEEDED, target=JobStatus.PLANNING, retry_round=1, finished_at=None
+    )
+    job_transition(job_id=pk, source=JobStatus.PLANNING, target=JobStatus.RUNNING)
+    _shard(job, index=1, round_=1, seconds=seconds, prompt=1, succeeded=2, failed=0)
+    job.refresh_from_db()
+
+
+@pytest.mark.parametrize(
+    ("first_ended", "reached"),
+    [(NOV_20, False), (None, True)],
+    ids=["first-round-last-month", "first-round-this-month"],
+)
+def test_a_retry_s_budget_counts_its_earlier_rounds_only_in_the_month_they_ended(
+    acme: Any, minilm: Any, first_ended: dt.datetime | None, reached: bool
+) -> None:
+    price(minilm, per_gpu_second="1")
+    Quota.objects.filter(tenant=acme).update(monthly_budget=Decimal(15))
+    job = _ended_in_november(acme, minilm)  # 10 GPU-seconds
+    if first_ended is None:
+        JobUsage.objects.filter(job=job).update(period=timezone.now().date().replace(day=1))
+    _retry_running(job, seconds=8.0)
+    # 8 of this round against 15: within it; with the first round's 10 spent this month too, past it.
+    assert (budget_reached(job) is not None) == reached
