@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from portal.jobs.chargeback import chargeback_rows
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest
+from portal.jobs.selectors import usage_per_month
 from portal.jobs.services.submit import job_submit
 from portal.jobs.transitions import job_transition
 from portal.jobs.usage import month_of
@@ -81,6 +83,11 @@ def test_a_retried_job_s_second_ending_adds_a_line_of_its_round_s_own(acme: Any,
     assert (first.round, first.status, first.gpu_seconds, first.records_failed) == (0, JobStatus.FAILED, 2.0, 10)
     assert (retry.round, retry.status, retry.gpu_seconds) == (1, JobStatus.SUCCEEDED, pytest.approx(3.0))
     assert (retry.records_succeeded, retry.records_failed) == (10, 0)
+    # Both ended this month: the month counts the job once.
+    (month,) = usage_per_month(JobUsage.objects.filter(job=job))
+    assert (month["jobs"], month["gpu_seconds"]) == (1, pytest.approx(5.0))
+    (row,) = chargeback_rows(month=first.period)
+    assert (row.jobs, row.gpu_seconds) == (1, pytest.approx(5.0))
 
 
 def test_a_tenant_past_its_monthly_gpu_seconds_is_refused_naming_the_quota(
