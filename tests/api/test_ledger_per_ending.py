@@ -196,3 +196,39 @@ def test_a_retry_s_budget_counts_its_earlier_rounds_only_in_the_month_they_ended
     _retry_running(job, seconds=8.0)
     # 8 of this round against 15: within it; with the first round's 10 spent this month too, past it.
     assert (budget_reached(job) is not None) == reached
+
+
+def test_each_line_splits_its_own_round_s_usage_by_adapter(acme: Any, minilm: Any) -> None:
+    job = Job.objects.create(
+        tenant=acme,
+        model=minilm,
+        status=JobStatus.MERGING,
+        input_uri="file:///x.jsonl",
+        adapters={"bot": {"id": 999_999, "spec": {"name": "bot", "version": 1}}},
+    )
+    _shard(job, index=0, round_=0, seconds=1.0, prompt=60, succeeded=6, failed=4)
+    Shard.objects.filter(job=job, round=0).update(adapter_usage={"bot@1": [6, 4, 60, 6]})
+    job_transition(
+        job_id=str(job.pk),
+        source=JobStatus.MERGING,
+        target=JobStatus.PARTIALLY_SUCCEEDED,
+        succeeded_records=6,
+        failed_records=4,
+        finished_at=NOV_20,
+    )
+    _retry_running(job, seconds=1.0)
+    Shard.objects.filter(job=job, round=1).update(adapter_usage={"bot@1": [3, 1, 40, 4]})
+    job_transition(job_id=str(job.pk), source=JobStatus.RUNNING, target=JobStatus.MERGING)
+    job_transition(
+        job_id=str(job.pk),
+        source=JobStatus.MERGING,
+        target=JobStatus.PARTIALLY_SUCCEEDED,
+        succeeded_records=9,
+        failed_records=1,
+        finished_at=DEC_3,
+    )
+    splits = [
+        (line.round, [(s.name, s.records_succeeded, s.records_failed, s.prompt_tokens) for s in line.adapters.all()])
+        for line in JobUsage.objects.filter(job=job).order_by("round")
+    ]
+    assert splits == [(0, [("bot@1", 6, 4, 60)]), (1, [("bot@1", 3, 1, 40)])]
