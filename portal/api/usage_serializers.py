@@ -36,7 +36,8 @@ class JobAdapterUsageSerializer(serializers.ModelSerializer):
 
 
 class JobUsageSerializer(serializers.ModelSerializer):
-    """A ledger line; `context["costs"]` holds the lines' costs by job id (`portal.jobs.billing.usage_costs`)."""
+    """A ledger line, one per ending of a job (its first, round 0, and each retry round's); `context["costs"]`
+    holds the lines' costs by line id (`portal.jobs.billing.usage_costs`)."""
 
     job = serializers.UUIDField(source="job_id", read_only=True)
     model = serializers.CharField(source="model.name", read_only=True)
@@ -53,6 +54,7 @@ class JobUsageSerializer(serializers.ModelSerializer):
         model = JobUsage
         fields = [
             "job",
+            "round",
             "model",
             "period",
             "status",
@@ -70,7 +72,7 @@ class JobUsageSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(MoneySerializer)
     def get_cost(self, usage: JobUsage) -> dict[str, str]:
-        return money_field(self.context["costs"][usage.job_id])
+        return money_field(self.context["costs"][usage.pk])
 
 
 class ModelCostSerializer(serializers.Serializer):

@@ -164,7 +164,7 @@ class ShardAdmin(admin.ModelAdmin):
 class JobUsageAdmin(admin.ModelAdmin):
     """The ledger, read-only: it is written when jobs end."""
 
-    list_display = ["job", "tenant", "model", "period", "status", "records_succeeded", "gpu_seconds"]
+    list_display = ["job", "round", "tenant", "model", "period", "status", "records_succeeded", "gpu_seconds"]
     list_filter = ["period", "tenant", "model"]
     list_select_related = ["tenant", "model"]
     readonly_fields = [field.name for field in JobUsage._meta.fields]

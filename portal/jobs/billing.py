@@ -1,8 +1,9 @@
 """What jobs cost: the usage ledger priced by the catalog's prices (`portal.catalog.pricing`).
 
-A ledger line is priced once, when it is written (`usage_record`), by the prices in force on the day
-it was recorded (`Price.effective_from`), and its cost is kept on the line (`JobUsage.cost`): a bill's
-lines never change after the fact, whatever price, adapter or model is added or deleted later. Every
+A ledger line (one per ending of a job: its first and each retry round's) is priced once, when it is
+written (`usage_record`), by the prices in force on the day it was recorded (`Price.effective_from`), and
+its cost is kept on the line (`JobUsage.cost`): a bill's lines never change after the fact, whatever price,
+adapter or model is added or deleted later, or however often the job is retried. Every
 reader (the usage API, the chargeback, the budget) reads the kept cost; a line written before costs
 were kept is priced on its first read and kept from then on. The rule for one line:
 
@@ -150,10 +151,10 @@ def line_cost(
 
 
 def usage_costs(lines: Iterable[JobUsage]) -> dict[Any, Decimal]:
-    """Each ledger line's kept cost by job id; a line without one yet is priced now and kept (`usage_freeze`)."""
+    """Each ledger line's kept cost by its id; a line without one yet is priced now and kept (`usage_freeze`)."""
     lines = list(lines)
     usage_freeze([line for line in lines if line.cost is None])
-    return {line.job_id: _minor(line.cost) for line in lines}
+    return {line.pk: _minor(line.cost) for line in lines}
 
 
 def _minor(kept: Decimal | None) -> Decimal:
@@ -164,8 +165,7 @@ def _minor(kept: Decimal | None) -> Decimal:
 def usage_freeze(lines: Iterable[JobUsage]) -> None:
     """Price lines that have no kept cost (read with `priced_lines`), with one read of the prices, and keep it.
 
-    Called only for lines whose cost is empty: a line's cost, once kept, is never written again but by its
-    job's next ending."""
+    Called only for lines whose cost is empty: a line's cost, once kept, is never written again."""
     lines = list(lines)
     if not lines:
         return
@@ -215,11 +215,14 @@ def cost_per_month(usage: QuerySet[JobUsage]) -> dict[dt.date, PeriodCost]:
     }
 
 
-def job_cost_so_far(job: Job) -> Decimal:
-    """What a job's ended shards cost so far (its settled tokens and seconds), at today's prices;
-    once it ends, its ledger line's cost is the one billed. Summed in the database: the budget asks it at
-    every settling of a running job, so only the shards that ran adapters are read row by row."""
+def job_cost_so_far(job: Job, *, round_: int | None = None) -> Decimal:
+    """What a job's ended shards (of round `round_` only, where given) cost so far (their settled tokens and
+    seconds), at today's prices; once a round ends, its ledger line's cost is the one billed. Summed in the
+    database: the budget asks it at every settling of a running job, so only the shards that ran adapters are
+    read row by row."""
     settled = job.shards.exclude(status__in=UNSETTLED)
+    if round_ is not None:
+        settled = settled.filter(round=round_)
     sums = settled.aggregate(
         records=Coalesce(Sum("record_count"), 0),
         prompt=Coalesce(Sum("prompt_tokens"), 0),
@@ -264,8 +267,9 @@ def _adapter_keys(job: Job) -> dict[str, dict[str, Any]]:
 
 
 def job_cost(job: Job) -> Decimal:
-    """What a job costs: its ledger line's cost once it has ended, its ended shards' (`job_cost_so_far`) before."""
-    line = priced_lines(JobUsage.objects.filter(job=job)).first()
-    if line is not None:
-        return usage_costs([line])[job.pk]
+    """What a job costs: once it has ended, the sum of its ledger lines' costs (one per ending: its first and each
+    retry round's); before, and while a retry runs, its ended shards' (`job_cost_so_far`)."""
+    lines = list(priced_lines(JobUsage.objects.filter(job=job))) if job.is_finished else []
+    if lines:
+        return sum(usage_costs(lines).values(), ZERO)
     return job_cost_so_far(job)

@@ -69,10 +69,8 @@ class BudgetLine:
 
 def month_spend(tenant_id: int, *, excluding: Any = None) -> Decimal:
     """What the tenant's jobs have spent this month: its ledger lines' costs and its open holds; `excluding`,
-    a job id, leaves that job's line and hold out."""
-    lines = kept_costs(
-        JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())).exclude(job_id=excluding)
-    )
+    a job id, leaves that job's hold out (its lines stay: what its rounds that ended this month cost is spent)."""
+    lines = kept_costs(JobUsage.objects.filter(tenant_id=tenant_id, period=month_of(timezone.now())))
     settled = to_minor_unit(lines.aggregate(total=Sum("cost"))["total"] or ZERO, settings.BATCHERY_CURRENCY)
     open_jobs = Job.objects.filter(tenant_id=tenant_id).exclude(status__in=FINAL_STATUSES).exclude(pk=excluding)
     held = BudgetHold.objects.filter(tenant_id=tenant_id, job_id__in=open_jobs.values("id")).aggregate(
@@ -84,20 +82,22 @@ def month_spend(tenant_id: int, *, excluding: Any = None) -> Decimal:
 def budget_reached(job: Job) -> str | None:
     """Why a running job must stop at its tenant's monthly budget; None: it may go on (or no budget is set).
 
-    Reached when the rest of the month's spend (other jobs' lines and holds), what this job's settled shards
-    cost so far (all its rounds, at today's prices) and the estimated seconds of its shards still running (at
-    the dearest of its prices) come to the budget: its hold was a forecast, and a job that costs more than
-    forecast stops there instead of running the tenant past its budget."""
+    Reached when the rest of the month's spend (the ledger lines, this job's earlier rounds' among them where
+    they ended this month, and other jobs' holds), what the round it runs has settled so far (at today's
+    prices) and the estimated seconds of its shards still running (at the dearest of its prices) come to the
+    budget: its hold was a forecast, and a job that costs more than forecast stops there instead of running
+    the tenant past its budget. An earlier round that ended in an earlier month is that month's, not this
+    one's."""
     limit = Quota.objects.filter(tenant_id=job.tenant_id).values_list("monthly_budget", flat=True).first()
     if limit is None:
         return None
     others = month_spend(job.tenant_id, excluding=job.pk)
-    own = job_cost_so_far(job) + _in_flight(job)
+    own = job_cost_so_far(job, round_=job.retry_round) + _in_flight(job)
     if others + own < limit:
         return None
     return (
-        f"quota {QUOTA} reached: budget {limit} {settings.BATCHERY_CURRENCY}, spent {others:.2f} by other jobs "
-        f"this month and {own:.2f} by this one (its shards still running estimated)"
+        f"quota {QUOTA} reached: budget {limit} {settings.BATCHERY_CURRENCY}, spent {others:.2f} this month "
+        f"before this round and {own:.2f} by this one (its shards still running estimated)"
     )
 
 

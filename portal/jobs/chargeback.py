@@ -12,7 +12,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import astuple, dataclass, fields
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.conf import settings
 
@@ -31,6 +31,7 @@ class ChargebackRow:
     model: str
     """name@version."""
     jobs: int = 0
+    """Jobs with a line in the month, each once (a job retried within it has several)."""
     records_succeeded: int = 0
     records_failed: int = 0
     prompt_tokens: int = 0
@@ -61,10 +62,14 @@ def chargeback_rows(*, month: dt.date) -> list[ChargebackRow]:
     lines = list(priced_lines(JobUsage.objects.filter(period=month)))
     costs = usage_costs(lines)
     rows: dict[tuple[str, str], ChargebackRow] = defaultdict(lambda: ChargebackRow(month="", tenant="", model=""))
+    # A job that ended more than once in the month (its retries) has a line per ending, and counts once.
+    jobs: dict[tuple[str, str], set[Any]] = defaultdict(set)
     for line in lines:
-        row = rows[(line.tenant.name, str(line.model))]
+        key = (line.tenant.name, str(line.model))
+        row = rows[key]
         row.month, row.tenant, row.model = month.strftime("%Y-%m"), line.tenant.name, str(line.model)
-        row.jobs += 1
+        jobs[key].add(line.job_id)
+        row.jobs = len(jobs[key])
         row.records_succeeded += line.records_succeeded
         row.records_failed += line.records_failed
         row.prompt_tokens += line.prompt_tokens
@@ -72,7 +77,7 @@ def chargeback_rows(*, month: dt.date) -> list[ChargebackRow]:
         row.completion_tokens += line.completion_tokens
         row.gpu_seconds += line.gpu_seconds
         row.currency = settings.BATCHERY_CURRENCY
-        row.cost += costs[line.job_id]
+        row.cost += costs[line.pk]
     return [rows[key] for key in sorted(rows)]
 
 

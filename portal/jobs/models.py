@@ -282,15 +282,20 @@ class JobEvent(models.Model):
 
 
 class JobUsage(models.Model):
-    """The ledger line of one job: what it used, written when it ends (and rewritten after a retry).
+    """A ledger line: what one ending of a job used, its first (round 0) or a retry round's (round n), in the
+    month that ending happened in.
 
-    Its `cost` is priced once, when the line is written, and kept: a bill's lines never change after the
-    fact, whatever is deleted or re-priced later. Its job cannot be deleted while the line exists."""
+    Written once, when that ending commits, and never rewritten: its `cost` is priced then, at the prices in
+    force that day, and kept, so a bill's lines never change after the fact, whatever is retried, deleted or
+    re-priced later. A job's totals are the sums of its lines. Its job cannot be deleted while a line exists."""
 
-    job = models.OneToOneField(Job, on_delete=models.PROTECT, primary_key=True, related_name="usage")
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="usage")
+    round = models.PositiveIntegerField(
+        default=0, help_text="The round that ended: 0 the job's first, n its n-th retry."
+    )
     tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="usage")
     model = models.ForeignKey("catalog.Model", on_delete=models.PROTECT, related_name="usage")
-    period = models.DateField(help_text="First day of the month the job ended in.")
+    period = models.DateField(help_text="First day of the month the round ended in.")
     status = models.CharField(max_length=20, choices=JobStatus.choices)
     records_succeeded = models.PositiveBigIntegerField(default=0)
     records_failed = models.PositiveBigIntegerField(default=0)
@@ -312,14 +317,16 @@ class JobUsage(models.Model):
 
     class Meta:
         ordering = ["-recorded_at"]
-        indexes = [models.Index(fields=["tenant", "period"])]
+        indexes = [models.Index(fields=["tenant", "period"], name="jobs_ledger_tenant_period")]
+        # One line per ending: a redelivered ending inserts nothing (`usage_record`).
+        constraints = [models.UniqueConstraint(fields=["job", "round"], name="unique_ledger_line_per_round")]
 
     def __str__(self) -> str:
-        return f"usage of {self.job_id}"
+        return f"usage of {self.job_id}, round {self.round}"
 
 
 class JobAdapterUsage(models.Model):
-    """What one adapter (or the base model itself) did within a job's ledger line."""
+    """What one adapter (or the base model itself) did within a ledger line (one ending of a job)."""
 
     usage = models.ForeignKey(JobUsage, on_delete=models.CASCADE, related_name="adapters")
     adapter = models.ForeignKey(

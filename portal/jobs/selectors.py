@@ -88,13 +88,13 @@ def job_output_file(job: Job) -> tuple[str, str]:
 
 
 def usage_per_month(usage: QuerySet[JobUsage]) -> QuerySet[Any, Any]:
-    """Ledger lines summed per month, newest first: jobs, records, tokens in (and of them cached) and out,
-    GPU-seconds."""
+    """Ledger lines summed per month, newest first: jobs (each once, however many of its endings fell in the
+    month), records, tokens in (and of them cached) and out, GPU-seconds."""
     return (
         usage.order_by()
         .values("period")
         .annotate(
-            jobs=Count("job"),
+            jobs=Count("job", distinct=True),
             records_succeeded=Sum("records_succeeded"),
             records_failed=Sum("records_failed"),
             prompt_tokens=Sum("prompt_tokens"),
@@ -113,7 +113,7 @@ def adapter_usage_per_month(lines: QuerySet[JobAdapterUsage]) -> QuerySet[Any, A
         lines.order_by()
         .values("name", period=F("usage__period"))
         .annotate(
-            jobs=Count("usage"),
+            jobs=Count("usage__job", distinct=True),
             records_succeeded=Sum("records_succeeded"),
             records_failed=Sum("records_failed"),
             prompt_tokens=Sum("prompt_tokens"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 from rest_framework.request import Request
@@ -77,14 +77,17 @@ def _usage(job: Job | None) -> dict[str, Any] | None:
     if job is None:
         return None
     if job.is_finished:
-        ledger = (
-            JobUsage.objects.filter(job=job)
-            .values_list("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
-            .first()
+        # The sum of its lines: one per ending, its first and each retry round's.
+        ledger = JobUsage.objects.filter(job=job).aggregate(
+            lines=Count("pk"),
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
+            cached_prompt_tokens=Coalesce(Sum("cached_prompt_tokens"), 0),
         )
-        if ledger is None:
+        if not ledger["lines"]:
             return None
-        input_tokens, output_tokens, cached_tokens = ledger
+        input_tokens, output_tokens = int(ledger["prompt_tokens"]), int(ledger["completion_tokens"])
+        cached_tokens = int(ledger["cached_prompt_tokens"])
     else:
         totals = job.shards.aggregate(
             prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),

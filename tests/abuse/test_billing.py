@@ -1,5 +1,6 @@
 """Attacks on the bills and the budget: a deleted adapter that would re-price past months, retries past
-the tenant's quota and budget, a job run past its budget, and a ledger read priced whole on every request."""
+the tenant's quota and budget, a job run past its budget, a ledger read priced whole on every request, and
+a retry in a later month that would move a job's bill out of the month it ended in."""
 
 from __future__ import annotations
 
@@ -238,3 +239,102 @@ def test_reading_the_months_of_a_large_ledger_stays_cheap(
         return f"{reads} reads of {lines:,} ledger lines' months: 200, slowest {slowest:.2f} s (kept costs summed)"
 
     abuse_report("read the months of a large ledger", attack)
+
+
+def test_a_job_retried_in_a_later_month_never_changes_last_months_chargeback(
+    abuse_stack: AbuseStack, abuse_report: Callable[..., AbuseResult]
+) -> None:
+    attacker = abuse_stack.tenant("late-retrier")
+    month = LAST_MONTH.date().replace(day=1)
+    root = abuse_stack.storage_root / "late-retrier" / "job"
+    (root / "input").mkdir(parents=True, exist_ok=True)
+    ids = [f"late-{n}" for n in range(10)]
+    failed = ids[6:]
+    (root / "input" / "shard-00000.jsonl").write_bytes(
+        b"".join(orjson.dumps({"custom_id": cid, "input": f"late {cid}"}) + b"\n" for cid in ids)
+    )
+    error = {"code": "engine_error", "message": "failed in the first round"}
+    lines = {
+        cid: orjson.dumps({"custom_id": cid, "error": error} if cid in failed else {"custom_id": cid}) for cid in ids
+    }
+    (root / "output.jsonl").write_bytes(b"".join(lines[cid] + b"\n" for cid in ids))
+    (root / "errors.jsonl").write_bytes(b"".join(lines[cid] + b"\n" for cid in failed))
+    with abuse_stack.db():
+        from portal.catalog.models import Model
+        from portal.jobs.models import Job, JobStatus, JobUsage, Shard
+        from portal.jobs.transitions import job_transition
+        from tests.support.ledger import price
+
+        model = Model.objects.get(name=MODEL)
+        # Last month's price, then a dearer one from today: the retry must not re-price last month's line.
+        prices = [
+            price(model, per_gpu_second="1", effective_from=month),
+            price(model, per_gpu_second="3", effective_from=timezone.now().date()),
+        ]
+        job = Job.objects.create(
+            tenant=_tenant(attacker.name),
+            model=model,
+            status=JobStatus.MERGING,
+            input_uri=(root / "input.jsonl").as_uri(),
+            output_uri=(root / "output.jsonl").as_uri(),
+            errors_uri=(root / "errors.jsonl").as_uri(),
+            total_records=10,
+            shard_count=1,
+        )
+        Shard.objects.create(
+            job=job,
+            index=0,
+            first_record=0,
+            record_count=10,
+            input_uri=(root / "input" / "shard-00000.jsonl").as_uri(),
+            prefix_uri=(root / "attempts" / "shard-00000").as_uri(),
+            status="succeeded",
+            succeeded_records=6,
+            failed_records=4,
+            compute_seconds=5.0,
+            load_seconds=0.0,
+        )
+        # Its first ending, on the last day of last month, writes its line there as every ending does.
+        assert job_transition(
+            job_id=str(job.pk),
+            source=JobStatus.MERGING,
+            target=JobStatus.PARTIALLY_SUCCEEDED,
+            succeeded_records=6,
+            failed_records=4,
+            finished_at=LAST_MONTH,
+        )
+        first = JobUsage.objects.get(job=job)
+        before = _chargeback(month)
+        assert first.cost == Decimal(5) * model.gpus_per_replica, first.cost
+
+    def attack() -> str:
+        with abuse_stack.api(attacker) as client:
+            answer = client.post(f"/api/v1/jobs/{job.pk}/retry/")
+            assert answer.status_code == 200, answer.text
+            deadline = time.monotonic() + 60
+            while (ended := client.get(f"/api/v1/jobs/{job.pk}/").json())["status"] not in (
+                "succeeded",
+                "partially_succeeded",
+                "failed",
+            ):
+                assert time.monotonic() < deadline, ended
+                time.sleep(0.2)
+        with abuse_stack.db():
+            from django.db import connection
+
+            try:
+                assert _chargeback(month) == before
+                kept, retried = JobUsage.objects.filter(job=job).order_by("round")
+                assert (kept.period, kept.cost, kept.gpu_seconds) == (month, first.cost, first.gpu_seconds)
+                assert retried.round == 1 and retried.period == timezone.now().date().replace(day=1), retried
+            finally:
+                # This thread's own connection, which would otherwise outlive the test database's teardown.
+                connection.close()
+        return f"the retry ({ended['status']}) added a line to this month; last month's chargeback unchanged"
+
+    try:
+        abuse_report("retry a job in a later month to move its bill", attack)
+    finally:
+        with abuse_stack.db():
+            for made in prices:
+                made.delete()

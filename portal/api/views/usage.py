@@ -1,4 +1,4 @@
-"""/api/v1/usage/: the ledger, per job and per month, with what it cost."""
+"""/api/v1/usage/: the ledger, per ending of a job and per month, with what it cost."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class RecordedCursorPagination(CreatedCursorPagination):
 
 
 class UsageViewSet(TenantScopedMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
-    """One line per ended job: records, tokens in and out, GPU-seconds, cost."""
+    """One line per ending of a job (its first and each retry round's, each in the month it ended in): records,
+    tokens in and out, GPU-seconds, cost. A job's totals are the sums of its lines."""
 
     queryset = JobUsage.objects.select_related("model").prefetch_related("adapters")
     serializer_class = JobUsageSerializer

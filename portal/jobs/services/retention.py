@@ -2,7 +2,7 @@
 its status events, so that the two tables that grow with the work done stay the size of the last weeks'.
 
 Kept for good: the job row, with the counts every page and API read (records, shards, tokens through its
-ledger line `JobUsage`, which is never removed), and its events compacted into `Job.timeline`; the files
+ledger lines `JobUsage`, which are never removed), and its events compacted into `Job.timeline`; the files
 in storage, which have lifetimes of their own. Gone: the shard grid and the throughput chart of its page,
 and `retry`, which re-reads the last round's shard inputs: a job can be retried for as long as it keeps
 its rows (`shards_kept`), the retention.

@@ -30,7 +30,7 @@ NOV_20 = dt.datetime(2026, 11, 20, 12, tzinfo=dt.UTC)
 
 def _cost(line: JobUsage) -> Decimal:
     return usage_costs(JobUsage.objects.filter(pk=line.pk).select_related("model").prefetch_related("adapters"))[
-        line.job_id
+        line.pk
     ]
 
 
@@ -205,7 +205,7 @@ def test_the_usage_record_prices_the_line_when_the_job_ends(acme: Any, minilm: A
     )
     job = Job.objects.select_related("model", "tenant").get(pk=job.pk)
     usage_record(job=job)
-    assert JobUsage.objects.get(pk=job.pk).cost == Decimal("2.00")
+    assert JobUsage.objects.get(job=job).cost == Decimal("2.00")
 
 
 def test_the_months_of_the_usage_api_are_summed_in_one_grouped_read(

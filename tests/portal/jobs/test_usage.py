@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from portal.jobs.chargeback import chargeback_rows
 from portal.jobs.models import Job, JobStatus, JobUsage, Shard, ShardStatus
 from portal.jobs.quota import QuotaExceeded
 from portal.jobs.requests import JobRequest
+from portal.jobs.selectors import usage_per_month
 from portal.jobs.services.submit import job_submit
 from portal.jobs.transitions import job_transition
 from portal.jobs.usage import month_of
@@ -65,20 +67,27 @@ def test_a_job_that_ends_gets_a_ledger_line_with_gpu_seconds_from_its_shards(acm
     assert usage.period == ended.date().replace(day=1)
 
 
-def test_a_retried_job_rewrites_its_ledger_line_when_it_ends_again(acme: Any, minilm: Any) -> None:
+def test_a_retried_job_s_second_ending_adds_a_line_of_its_round_s_own(acme: Any, minilm: Any) -> None:
     job = _job_with_shards(acme, minilm, [(0.0, 2.0, 10, 0)])
     job_transition(job_id=str(job.pk), source=JobStatus.MERGING, target=JobStatus.FAILED, failed_records=10)
-    job_transition(job_id=str(job.pk), source=JobStatus.FAILED, target=JobStatus.PLANNING)  # the retry's round
+    job_transition(job_id=str(job.pk), source=JobStatus.FAILED, target=JobStatus.PLANNING, retry_round=1)
     job_transition(job_id=str(job.pk), source=JobStatus.PLANNING, target=JobStatus.RUNNING)
     Shard.objects.create(
         job=job, index=1, round=1, first_record=0, record_count=10, input_uri="x", prefix_uri="y", compute_seconds=3.0
     )
     job_transition(job_id=str(job.pk), source=JobStatus.RUNNING, target=JobStatus.MERGING)
-    job_transition(job_id=str(job.pk), source=JobStatus.MERGING, target=JobStatus.SUCCEEDED, succeeded_records=10)
-    usage = JobUsage.objects.get(job=job)
-    assert usage.status == JobStatus.SUCCEEDED
-    assert usage.gpu_seconds == pytest.approx(5.0)
-    assert JobUsage.objects.count() == 1
+    job_transition(
+        job_id=str(job.pk), source=JobStatus.MERGING, target=JobStatus.SUCCEEDED, succeeded_records=10, failed_records=0
+    )
+    first, retry = JobUsage.objects.filter(job=job).order_by("round")
+    assert (first.round, first.status, first.gpu_seconds, first.records_failed) == (0, JobStatus.FAILED, 2.0, 10)
+    assert (retry.round, retry.status, retry.gpu_seconds) == (1, JobStatus.SUCCEEDED, pytest.approx(3.0))
+    assert (retry.records_succeeded, retry.records_failed) == (10, 0)
+    # Both ended this month: the month counts the job once.
+    (month,) = usage_per_month(JobUsage.objects.filter(job=job))
+    assert (month["jobs"], month["gpu_seconds"]) == (1, pytest.approx(5.0))
+    (row,) = chargeback_rows(month=first.period)
+    assert (row.jobs, row.gpu_seconds) == (1, pytest.approx(5.0))
 
 
 def test_a_tenant_past_its_monthly_gpu_seconds_is_refused_naming_the_quota(
