@@ -84,6 +84,21 @@ def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = 
     ]
 
 
+def json_kind(value: Any) -> str:
+    """A parsed JSON value's type as JSON names it, for messages to the person who wrote it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an empty array" if not value else "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
 def is_token_array(value: Any) -> bool:
     """A non-empty list of token ids (whole numbers, not booleans): one input of an embedding model, in
     the model's own vocabulary, as vLLM's OpenAI server takes them."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpuworkers.engines.base import json_kind
 from tasks.shared.config import MAX_MEDIA_BYTES, MAX_MEDIA_RECORD_BYTES, MEDIA_ALLOWED_HOSTS, is_host_name
 
 TEXT_PART_TYPES: dict[str, str] = {"text": "text", "refusal": "refusal"}
@@ -105,7 +106,7 @@ def messages_media_problem(
         policy = policy or MediaPolicy.configured()
         where = f"{field}[{number}].content"
         if not isinstance(content, list):
-            return MediaProblem(where, f"{where} must be a string or a list of content parts, not {_kind(content)}")
+            return MediaProblem(where, f"{where} must be a string or a list of content parts, not {json_kind(content)}")
         for index, part in enumerate(content):
             problem, size = _part_problem(part, f"{where}[{index}]", policy)
             if problem is not None:
@@ -167,7 +168,7 @@ def _part_problem(part: Any, where: str, policy: MediaPolicy) -> tuple[MediaProb
     if isinstance(part, str):
         return None, 0
     if not isinstance(part, dict):
-        return MediaProblem(where, f"{where} must be a content part object or a string, not {_kind(part)}"), 0
+        return MediaProblem(where, f"{where} must be a content part object or a string, not {json_kind(part)}"), 0
     kind = part.get("type")
     if not isinstance(kind, str):
         # vLLM guesses a part's type from its keys where none is given; nothing here is left to a guess.
@@ -243,15 +244,3 @@ def _https_host(url: str) -> str | None:
     if parts.username is not None or port not in (None, 443) or not is_host_name(host):
         return None
     return host
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"

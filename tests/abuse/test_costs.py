@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.abuse.conftest import scale
-from tests.support.abuse import MODEL, AbuseResult, AbuseStack, TenantAccess
+from tests.support.abuse import MODEL, AbuseResult, AbuseStack, job_ended
 
 pytestmark = [pytest.mark.slow, pytest.mark.abuse]
 
@@ -27,17 +27,6 @@ def _parquet(columns: dict[str, Any], **options: Any) -> bytes:
     sink = io.BytesIO()
     pq.write_table(pa.table(columns), sink, compression="zstd", **options)
     return sink.getvalue()
-
-
-def _job_ended(stack: AbuseStack, access: TenantAccess, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    with stack.api(access) as client:
-        while True:
-            job = client.get(f"/api/v1/jobs/{job_id}/").json()
-            if job["status"] in ("succeeded", "partially_succeeded", "failed", "cancelled", "expired"):
-                return job
-            assert time.monotonic() < deadline, job
-            time.sleep(0.3)
 
 
 def test_parquet_that_expands_through_its_dictionaries_or_holds_a_huge_row_is_refused_naming_the_limit(
@@ -82,7 +71,7 @@ def test_reads_of_a_reruns_comparison_from_the_moment_it_ends_are_answered_while
     with abuse_stack.api(attacker) as client:
         made = client.post("/api/v1/jobs/", data={"model": MODEL}, files={"file": ("c.jsonl", io.BytesIO(body))})
         assert made.status_code == 201, made.text
-    assert _job_ended(abuse_stack, attacker, made.json()["id"])["status"] == "succeeded"
+    assert job_ended(abuse_stack, attacker, made.json()["id"], timeout_s=120)["status"] == "succeeded"
     readers = 16
 
     def attack() -> str:

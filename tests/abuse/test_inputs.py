@@ -8,13 +8,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from tests.abuse.conftest import scale
-from tests.support.abuse import MODEL, AbuseResult, AbuseStack, TenantAccess
+from tests.support.abuse import MODEL, AbuseResult, AbuseStack, TenantAccess, job_ended
 from tests.support.bombs import gzip_bomb, zstd_bomb
 
 pytestmark = [pytest.mark.slow, pytest.mark.abuse]
@@ -27,17 +26,6 @@ def _readable_root(stack: AbuseStack, access: TenantAccess, root: Path) -> None:
         from portal.tenancy.models import Tenant
 
         Tenant.objects.filter(name=access.name).update(storage_prefixes=[root.as_uri() + "/"])
-
-
-def _job_ended(stack: AbuseStack, access: TenantAccess, job_id: str, timeout_s: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    with stack.api(access) as client:
-        while True:
-            job = client.get(f"/api/v1/jobs/{job_id}/").json()
-            if job["status"] in ("succeeded", "partially_succeeded", "failed", "cancelled", "expired"):
-                return job
-            assert time.monotonic() < deadline, job
-            time.sleep(0.3)
 
 
 def test_compression_bombs_are_refused_wherever_they_arrive(
@@ -131,7 +119,7 @@ def test_a_file_input_swapped_for_a_link_after_its_check_is_not_read(
         os.symlink(secret, given)
 
     def attack() -> str:
-        job = _job_ended(abuse_stack, attacker, submitted.json()["id"])
+        job = job_ended(abuse_stack, attacker, submitted.json()["id"])
         assert job["status"] == "failed" and "symbolic link" in job["error"], job
         for dirpath, _, files in os.walk(abuse_stack.storage_root):
             for name in files:

@@ -228,3 +228,18 @@ def in_background(attack: Callable[[], Any]) -> Iterator[Callable[[], Any]]:
 
     yield result
     thread.join(120)
+
+
+ENDED = ("succeeded", "partially_succeeded", "failed", "cancelled", "expired")
+
+
+def job_ended(stack: AbuseStack, access: TenantAccess, job_id: str, timeout_s: float = 90) -> dict[str, Any]:
+    """The tenant's job as the API shows it once it has ended (waited for up to `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    with stack.api(access) as client:
+        while True:
+            job = client.get(f"/api/v1/jobs/{job_id}/").json()
+            if job["status"] in ENDED:
+                return dict(job)
+            assert time.monotonic() < deadline, job
+            time.sleep(0.3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuworkers.engines.base import is_token_array
+from gpuworkers.engines.base import is_token_array, json_kind
 from gpuworkers.engines.media import messages_media_problem
 
 # The field each task reads from a record; the names follow the bodies of OpenAI's endpoints so an
@@ -46,16 +46,16 @@ def input_problem(input_field: str, value: Any) -> str | None:
     """
     if input_field == TASK_INPUT_FIELDS["chat"]:
         if not isinstance(value, list) or not value:
-            return f"{input_field} must be a non-empty array of message objects, not {_json_kind(value)}"
+            return f"{input_field} must be a non-empty array of message objects, not {json_kind(value)}"
         for number, message in enumerate(value, 1):
             if not isinstance(message, dict):
-                return f"{input_field} must hold message objects; message {number} is {_json_kind(message)}"
+                return f"{input_field} must hold message objects; message {number} is {json_kind(message)}"
         problem = messages_media_problem(value, field=input_field)
         return None if problem is None else problem.message
     if input_field == TASK_INPUT_FIELDS["embed"] and isinstance(value, list):
         return _texts_problem(input_field, value)
     if not isinstance(value, str):
-        return f"{input_field} must be a string, not {_json_kind(value)}"
+        return f"{input_field} must be a string, not {json_kind(value)}"
     return None
 
 
@@ -71,35 +71,20 @@ def _texts_problem(input_field: str, texts: list[Any]) -> str | None:
         for number, tokens in enumerate(texts, 1):
             if not is_token_array(tokens):
                 some_list = isinstance(tokens, list) and tokens
-                kind = "an array of something else than token ids" if some_list else _json_kind(tokens)
+                kind = "an array of something else than token ids" if some_list else json_kind(tokens)
                 return f"{input_field} must hold token arrays alike; item {number} is {kind}"
             if (problem := _token_array_problem(tokens)) is not None:
                 return f"{input_field} must hold token arrays; the {problem}, in item {number}"
         return None
     for number, text in enumerate(texts, 1):
         if not isinstance(text, str):
-            return f"{input_field} must hold strings; item {number} is {_json_kind(text)}"
+            return f"{input_field} must hold strings; item {number} is {json_kind(text)}"
     return None
 
 
 def _token_array_problem(tokens: list[int]) -> str | None:
     negative = next((place for place, token in enumerate(tokens) if token < 0), None)
     return None if negative is None else f"token {negative} is negative ({tokens[negative]})"
-
-
-def _json_kind(value: Any) -> str:
-    """A parsed JSON value's type as JSON names it, for messages to the person who wrote it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an empty array" if not value else "an array"
-    return "an object" if isinstance(value, dict) else type(value).__name__
 
 
 @dataclass(frozen=True)
