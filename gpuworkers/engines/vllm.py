@@ -12,8 +12,8 @@ prefix caching served, which generation keeps on unless the catalog's load param
 {"prompt_tokens"}}``.
 
 Mapping OpenAI's request fields to vLLM's ``SamplingParams`` (`sampling_kwargs`) and shaping vLLM's
-outputs (`completion_response`, `embedding_response`) are pure functions, tested where vLLM cannot
-be installed.
+outputs (`gpuworkers.engines.vllm_outputs`) are pure functions, tested where vLLM cannot be installed.
+A response format's JSON schema compiles within a bound before vLLM sees it (`grammar_gate`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from gpuworkers import settings
 from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, require_embedding_inputs
+from gpuworkers.engines.grammar_gate import GrammarGate
 from gpuworkers.engines.media import confine_media_fetches, require_fetch_free
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
 from gpuworkers.engines.vllm_lora import VllmLoras, lora_kwargs
+from gpuworkers.engines.vllm_outputs import completion_response, embedding_response
 from gpuworkers.engines.vllm_tools import (
     auto_request,
     read_auto_calls,
@@ -86,6 +86,7 @@ class VllmEngine:
         self._tool_parser_name: str | None = None
         self._memory_bytes = 0
         self._loras = VllmLoras(spec.name, spec.load_params)
+        self._grammars: GrammarGate | None = None
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -122,6 +123,7 @@ class VllmEngine:
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
         self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
+        self._grammars = GrammarGate(tokenizer_path=kwargs.get("tokenizer") or kwargs["model"])
         self._tool_parser_name = parser_name
         self._vllm, self._llm = vllm, llm
         self._memory_bytes = _device_share_bytes(kwargs["gpu_memory_utilization"])
@@ -217,6 +219,8 @@ class VllmEngine:
     def _sampling_params(self, kwargs: dict[str, Any], structured: dict[str, Any] | None) -> Any:
         if structured is None:
             return self._vllm.SamplingParams(**kwargs)
+        if self._grammars is not None and "json" in structured:
+            self._grammars.check("response_format", structured["json"])
         params = self._vllm.sampling_params.StructuredOutputsParams(**structured)
         return self._vllm.SamplingParams(**kwargs, structured_outputs=params)
 
@@ -244,6 +248,9 @@ class VllmEngine:
         if self._llm is None:
             return
         self._llm = self._vllm = self._tool_parser = self._tool_parser_name = None
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
         self._memory_bytes = 0
         # vLLM's finalizers stop its engine-core process once the LLM is unreachable; collect it now.
         gc.collect()
@@ -355,80 +362,6 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
     kwargs.setdefault("disable_log_stats", False)
     lora_kwargs(kwargs)
     return kwargs
-
-
-def completion_response(output: Any, *, top_logprobs: int | None = None) -> dict[str, Any]:
-    """The response for one prompt from vLLM's ``RequestOutput`` (``prompt_token_ids``, ``outputs``).
-
-    The first sample is the response's ``text`` and ``finish_reason``; with more than one, every sample
-    is in ``choices`` too, and ``completion_tokens`` counts the tokens of all of them, as OpenAI does.
-    ``top_logprobs``, the number of alternatives asked per token, adds ``logprobs`` to each sample.
-    """
-    samples = list(output.outputs)
-    if not samples:
-        raise ValueError("vllm returned no completion for the prompt")
-    choices = [_choice(sample, top_logprobs) for sample in samples]
-    response = dict(choices[0])
-    del response["index"]
-    response["usage"] = {
-        "prompt_tokens": len(output.prompt_token_ids or ()),
-        "completion_tokens": sum(len(sample.token_ids) for sample in samples),
-    }
-    cached = getattr(output, "num_cached_tokens", None)
-    if cached is not None:
-        # OpenAI's shape; a vLLM that does not count them (before V1) reports nothing rather than a zero.
-        response["usage"]["prompt_tokens_details"] = {"cached_tokens": int(cached)}
-    if len(choices) > 1:
-        response["choices"] = choices
-    return response
-
-
-def embedding_response(output: Any) -> dict[str, Any]:
-    """The response for one input from vLLM's ``EmbeddingRequestOutput`` (``prompt_token_ids``,
-    ``outputs.embedding``)."""
-    # float32 ndarray, as the sentence_transformers engine gives: orjson writes it directly and compactly.
-    return {
-        "embedding": np.asarray(output.outputs.embedding, dtype=np.float32),
-        "usage": {"prompt_tokens": len(output.prompt_token_ids or ())},
-    }
-
-
-def _choice(sample: Any, top_logprobs: int | None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": sample.index, "text": sample.text, "finish_reason": sample.finish_reason}
-    # vLLM's `stop_reason`: the stop string that ended the sample (a token id for a stop token, None at EOS).
-    if isinstance(sample.stop_reason, str):
-        choice["stop_sequence"] = sample.stop_reason
-    if top_logprobs is not None and sample.logprobs is not None:
-        choice["logprobs"] = {"content": _logprob_content(sample.token_ids, sample.logprobs, top_logprobs)}
-    return choice
-
-
-def _logprob_content(token_ids: Sequence[int], positions: Sequence[Any], top: int) -> list[dict[str, Any]]:
-    """OpenAI's chat ``logprobs.content``: per generated token, its logprob and the ``top`` likeliest tokens.
-
-    Each position of vLLM's logprobs maps token ids to ``Logprob`` (``logprob``, ``decoded_token``), for
-    the sampled token and the top alternatives.
-    """
-    content = []
-    # Not strict: a stop string can cut the text, never the token lists, but a length mismatch is not
-    # worth failing a finished record over.
-    for token_id, position in zip(token_ids, positions, strict=False):
-        entries = dict(position or {})
-        chosen = entries.get(token_id)
-        likeliest = sorted(entries.values(), key=lambda entry: entry.logprob, reverse=True)[:top]
-        content.append(
-            {
-                "token": _token_text(chosen),
-                "logprob": None if chosen is None else float(chosen.logprob),
-                "top_logprobs": [{"token": _token_text(entry), "logprob": float(entry.logprob)} for entry in likeliest],
-            }
-        )
-    return content
-
-
-def _token_text(entry: Any) -> str:
-    text = None if entry is None else entry.decoded_token
-    return text if isinstance(text, str) else ""
 
 
 def _require_texts(inputs: list[Any]) -> list[str]:

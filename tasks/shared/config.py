@@ -426,6 +426,13 @@ MAX_JSON_SCHEMA_PROPERTIES = int_var(
     minimum=1,
     doc="The most properties (the names under every `properties` of it, all levels together) such a schema may have.",
 )
+GRAMMAR_COMPILE_TIMEOUT_S = float_var(
+    "BATCHERY_GRAMMAR_COMPILE_TIMEOUT_S",
+    10.0,
+    minimum=0.1,
+    doc="Seconds a vLLM slot lets one distinct JSON schema compile into a grammar before refusing it (its "
+    "records error); compiled once per schema in a process of the slot's own.",
+)
 # Compressed inputs (gzip, zstd) are read through `tasks.shared.formats.compression.decompressed`,
 # which stops at these: a few hundred KB may otherwise expand into gigabytes in a request or on the
 # shared storage the planner writes shard inputs to.

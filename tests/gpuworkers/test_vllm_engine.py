@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from gpuworkers.engines import EngineLoadError, create_engine
+from gpuworkers.engines import EngineLoadError, create_engine, grammar_gate
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import ParamError
 from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
 from gpuworkers.spec import AdapterSpec, ModelSpec
+from tests.support import grammar_compilers
 from tests.support.tiny_models import write_lora_files
 from tests.support.vllm_standins import (
     CompletionOutput,
@@ -118,14 +119,23 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
     monkeypatch.setitem(sys.modules, "vllm.lora.request", lora_request)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # xgrammar, which the grammar gate's process compiles with, comes with vLLM: absent here.
+    monkeypatch.setattr(grammar_gate, "XGRAMMAR", grammar_compilers.STANDIN)
     FakeLLM.instances.clear()
     yield module
+    while LOADED:
+        LOADED.pop().unload()  # and with it the grammar gate's process, where a test started one
     FakeLLM.instances.clear()
+
+
+LOADED: list[VllmEngine] = []
+"""Engines `loaded` made, unloaded when `fake_vllm` ends."""
 
 
 def loaded(spec: ModelSpec) -> tuple[VllmEngine, FakeLLM]:
     engine = VllmEngine(spec)
     engine.load(device="cuda")
+    LOADED.append(engine)
     return engine, FakeLLM.instances[-1]
 
 

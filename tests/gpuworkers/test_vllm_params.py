@@ -12,12 +12,11 @@ from gpuworkers.engines import EngineLoadError
 from gpuworkers.engines.sampling import sampling_kwargs
 from gpuworkers.engines.vllm import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    completion_response,
     embed_runner_kwargs,
-    embedding_response,
     engine_kwargs,
     tensor_parallel_size,
 )
+from gpuworkers.engines.vllm_outputs import completion_response, embedding_response
 from tests.support.vllm_standins import (
     CompletionOutput,
     EmbeddingOutput,

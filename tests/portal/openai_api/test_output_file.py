@@ -358,7 +358,7 @@ def test_ids_are_deterministic_from_the_batch_and_the_custom_id() -> None:
 
 def test_the_vllm_engines_responses_convert_to_valid_openai_bodies() -> None:
     """The contract with the engine: its responses, written as a shard writes them, convert and validate."""
-    from gpuworkers.engines.vllm import completion_response, embedding_response
+    from gpuworkers.engines.vllm_outputs import completion_response, embedding_response
 
     @dataclass
     class Logprob:
