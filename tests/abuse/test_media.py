@@ -145,6 +145,8 @@ def test_schemas_too_large_to_compile_on_a_slot_are_refused_naming_the_field(
     # Within a job's params' own bounds (64 KiB, 32 levels): only the schema's bound refuses it.
     wide = {"type": "object", "properties": {f"p{n}": {"type": "integer"} for n in range(1500)}}
     huge = {"type": "object", "properties": {f"p{n}": {"type": "integer"} for n in range(20000)}}
+    # Small, but a grammar backend would fetch what it refers to from the GPU host.
+    remote = {"type": "object", "properties": {"a": {"$ref": "http://169.254.169.254/latest/meta-data/"}}}
     attempts = scale(3, 20)
 
     def response_format(schema: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +164,7 @@ def test_schemas_too_large_to_compile_on_a_slot_are_refused_naming_the_field(
                 )
                 assert job.status_code == 400, job.text
                 assert "params.response_format.json_schema.schema has more than 1000 properties" in job.text
-                for schema in (deep, orjson.dumps(huge)):
+                for schema in (deep, orjson.dumps(huge), orjson.dumps(remote)):
                     record = (
                         b'{"messages": [{"role": "user", "content": "hi"}], "params": {"response_format": '
                         b'{"type": "json_schema", "json_schema": {"name": "s", "schema": ' + schema + b"}}}}\n"
@@ -172,6 +174,9 @@ def test_schemas_too_large_to_compile_on_a_slot_are_refused_naming_the_field(
                     )
                     assert own.status_code == 400, own.text
                     assert "line 1: params.response_format.json_schema.schema" in own.json()["error"]["message"]
-        return f"{attempts} x 1,500 properties (job), 400 levels and 20,000 properties (record): 400 naming the field"
+        return (
+            f"{attempts} x 1,500 properties (job), 400 levels, 20,000 properties and a $ref to a metadata URL "
+            "(record): 400 naming the field"
+        )
 
-    abuse_report("json_schema too large to compile", attack)
+    abuse_report("json_schema too large to compile, or referring to a URL", attack)
