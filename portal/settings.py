@@ -357,6 +357,14 @@ BATCHERY_MAX_RECORD_MODEL_NAMES = env_int(
     minimum=1,
     doc="Distinct `model` names (adapters and unknown names together) the lines of one job may give.",
 )
+# A slot compiles each distinct schema once (bounded by BATCHERY_GRAMMAR_COMPILE_TIMEOUT_S): this bounds how
+# many one job may make it compile.
+BATCHERY_MAX_JOB_SCHEMAS = env_int(
+    "BATCHERY_MAX_JOB_SCHEMAS",
+    32,
+    minimum=1,
+    doc="Distinct reply formats (a record's own `response_format` or `tools`) the lines of one job may give.",
+)
 # `/v1/batches` input files up to this size are validated within the create request; larger ones by a
 # control task while the batch reads `validating`, so that no request outlives gunicorn's timeout.
 BATCHERY_BATCH_SYNC_VALIDATION_BYTES = env_int(

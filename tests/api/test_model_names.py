@@ -72,3 +72,26 @@ def _queries_of(caller: Caller, path: Path, model: Model) -> list[Any]:
     with CaptureQueriesContext(connection) as queries, path.open("rb") as handle:
         caller.client.post("/api/v1/jobs/", {"file": handle, "model": model.name}, format="multipart")
     return list(queries)
+
+
+def test_distinct_reply_formats_of_one_jobs_records_are_bounded_naming_the_line(
+    settings: Any, caller: Callable[..., Caller], tiny_chat: Model, write_jsonl: Callable[..., Path]
+) -> None:
+    settings.BATCHERY_MAX_JOB_SCHEMAS = 2
+    alice = caller("acme")
+
+    def held_to(n: int) -> dict[str, Any]:
+        schema = {"type": "object", "properties": {f"p{n}": {"type": "integer"}}}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+    messages = [{"role": "user", "content": "hi"}]
+    # The same format again and again counts once; records without one count none.
+    same = [{"custom_id": f"r{n}", "messages": messages, "params": held_to(n % 2)} for n in range(6)]
+    plain = [{"custom_id": "plain", "messages": messages}]
+    third = [{"custom_id": "third", "messages": messages, "params": held_to(2)}]
+    for records, status in ((same + plain, 201), (same + plain + third, 400)):
+        with write_jsonl(records, f"{len(records)}.jsonl").open("rb") as handle:
+            answer = alice.client.post("/api/v1/jobs/", {"file": handle, "model": tiny_chat.name}, format="multipart")
+        assert answer.status_code == status, answer.content
+    lines = {problem["line"]: problem["message"] for problem in answer.json()["error"]["lines"]}
+    assert list(lines) == [8] and "BATCHERY_MAX_JOB_SCHEMAS" in lines[8], lines
