@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -131,11 +133,18 @@ def _not_zombie(process: psutil.Process) -> bool:
         return False
 
 
-def test_sigterm_stops_up_within_seconds_and_the_interrupted_shard_runs_again_once_at_the_next_start(
-    tmp_path: Path,
-) -> None:
-    var_dir = tmp_path / "var"
-    log_path = var_dir.parent / "up.log"
+@dataclass(frozen=True)
+class Interrupted:
+    """A `manage.py up` caught while a shard of its job runs."""
+
+    up: UpProcess
+    job_id: str
+    parts: list[psutil.Process]
+
+
+@contextlib.contextmanager
+def _up_running_a_shard(var_dir: Path, log_path: Path) -> Iterator[Interrupted]:
+    """`manage.py up` with a job whose shard is running; whatever the block leaves of it is ended after it."""
     up = _start(var_dir, log_path)
     parts: list[psutil.Process] = []
     try:
@@ -143,19 +152,14 @@ def test_sigterm_stops_up_within_seconds_and_the_interrupted_shard_runs_again_on
         job_id = _submit(var_dir, broker, RECORDS)
         _wait_for_a_running_shard(broker, job_id, up)
         parts = _parts(up)
-
-        started = time.monotonic()
-        up.process.send_signal(signal.SIGTERM)
-        up.process.wait(timeout=30)
-        took = time.monotonic() - started
-
-        assert took < 8, f"up took {took:.1f}s to stop: {up.log_tail()}"
-        assert up.process.returncode == 0, up.log_tail()
-        assert _alive(parts) == [], "no part outlives up"
+        yield Interrupted(up=up, job_id=job_id, parts=parts)
     finally:
-        stop_process_group(up.process, timeout_s=30)
+        stop_process_group(up.process, timeout_s=5)
         _kill_leftovers(parts)
 
+
+def _the_next_start_finishes(var_dir: Path, log_path: Path, job_id: str) -> None:
+    """Start `up` again on the same folder: the interrupted job ends with every record exactly once."""
     again = _start(var_dir, log_path)
     try:
         _broker(again, runs=2)
@@ -164,33 +168,38 @@ def test_sigterm_stops_up_within_seconds_and_the_interrupted_shard_runs_again_on
         stop_process_group(again.process, timeout_s=30)
 
 
+def test_sigterm_stops_up_within_seconds_and_the_interrupted_shard_runs_again_once_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    var_dir = tmp_path / "var"
+    log_path = var_dir.parent / "up.log"
+    with _up_running_a_shard(var_dir, log_path) as running:
+        started = time.monotonic()
+        running.up.process.send_signal(signal.SIGTERM)
+        running.up.process.wait(timeout=30)
+        took = time.monotonic() - started
+
+        assert took < 8, f"up took {took:.1f}s to stop: {running.up.log_tail()}"
+        assert running.up.process.returncode == 0, running.up.log_tail()
+        assert _alive(running.parts) == [], "no part outlives up"
+
+    _the_next_start_finishes(var_dir, log_path, running.job_id)
+
+
 def test_the_parts_of_a_killed_up_stop_by_themselves_and_the_next_start_finishes_its_job(tmp_path: Path) -> None:
     var_dir = tmp_path / "var"
     log_path = var_dir.parent / "up.log"
-    up = _start(var_dir, log_path)
-    parts: list[psutil.Process] = []
-    try:
-        broker = _broker(up, runs=1)
-        job_id = _submit(var_dir, broker, RECORDS)
-        _wait_for_a_running_shard(broker, job_id, up)
-        parts = _parts(up)
+    with _up_running_a_shard(var_dir, log_path) as running:
+        parts = running.parts
         assert any("flower" in " ".join(part.cmdline()) for part in parts), "Flower, which a leftover blocked"
 
-        os.kill(up.process.pid, signal.SIGKILL)
-        up.process.wait()
+        os.kill(running.up.process.pid, signal.SIGKILL)
+        running.up.process.wait()
 
         # A slot's cold shutdown may wait on the embedded Redis, gone with the rest: its launcher's drain
         # bound (gpuworkers.launcher.DRAIN_GRACE_S, no soft shutdown here) ends it. The message it could not
         # give back is put back on its queue by the next start (not after the visibility timeout).
         _, alive = psutil.wait_procs(parts, timeout=30)
         assert [process for process in alive if _not_zombie(process)] == [], _alive(parts)
-    finally:
-        stop_process_group(up.process, timeout_s=5)
-        _kill_leftovers(parts)
 
-    again = _start(var_dir, log_path)
-    try:
-        _broker(again, runs=2)
-        _every_record_once(var_dir, job_id, again)
-    finally:
-        stop_process_group(again.process, timeout_s=30)
+    _the_next_start_finishes(var_dir, log_path, running.job_id)

@@ -39,8 +39,21 @@ class CannotRetry(Exception):
 def job_retryable(job: Job, *, now: dt.datetime) -> bool:
     """Whether `job_retry` may run the job again: it ended with failed records, and within the retention
     (`shards_kept`), since the retry reads the last round's shard inputs from the shard rows."""
-    ended_with_errors = job.status in RETRYABLE_STATUSES and job.shard_count > 0 and job.failed_records > 0
-    return ended_with_errors and shards_kept(job, now=now)
+    return _retry_refusal(job, now=now) is None
+
+
+def _retry_refusal(job: Job, *, now: dt.datetime) -> str | None:
+    """Why `job_retry` cannot run the job again; None where it can (the one rule `job_retryable` reads too)."""
+    if job.status not in RETRYABLE_STATUSES or not job.shard_count:
+        return f"job {job.id} is {job.status}; only a partially succeeded, failed or expired job retries"
+    if not shards_kept(job, now=now):
+        return (
+            f"job {job.id} ended more than {settings.BATCHERY_SHARD_RETENTION_DAYS} days ago and its shard rows are "
+            "removed (BATCHERY_SHARD_RETENTION_DAYS): it can be re-run, no longer retried"
+        )
+    if not job.failed_records:
+        return f"job {job.id} has no failed records"
+    return None
 
 
 def retry_hold(job: Job) -> Decimal:
@@ -59,15 +72,9 @@ def job_retry(*, job: Job, actor: User | None = None) -> Job:
 
     Raises `CannotRetry` for a job with nothing to retry, and `QuotaExceeded` where the tenant's quota or
     monthly budget refuses the round, as it would refuse a submission."""
-    if job.status not in RETRYABLE_STATUSES or not job.shard_count:
-        raise CannotRetry(f"job {job.id} is {job.status}; only a partially succeeded, failed or expired job retries")
-    if not shards_kept(job, now=timezone.now()):
-        raise CannotRetry(
-            f"job {job.id} ended more than {settings.BATCHERY_SHARD_RETENTION_DAYS} days ago and its shard rows are "
-            "removed (BATCHERY_SHARD_RETENTION_DAYS): it can be re-run, no longer retried"
-        )
-    if not job.failed_records:
-        raise CannotRetry(f"job {job.id} has no failed records")
+    refusal = _retry_refusal(job, now=timezone.now())
+    if refusal is not None:
+        raise CannotRetry(refusal)
     job_id = str(job.id)
     round_ = job.retry_round + 1
     hold = retry_hold(job)
