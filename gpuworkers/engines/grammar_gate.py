@@ -38,14 +38,15 @@ _START_S = 120.0
 bound on one compile."""
 
 
-def xgrammar_compiler(tokenizer_path: str) -> Callable[[str], None]:
-    """Compiles a JSON schema (as text) for the model at `tokenizer_path` as vLLM's xgrammar backend does."""
+def xgrammar_compiler(tokenizer_path: str) -> Callable[[str], object]:
+    """Compiles a JSON schema (as text) for the model at `tokenizer_path` as vLLM's xgrammar backend does under
+    the engine's compact JSON (``disable_any_whitespace``)."""
     import xgrammar
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer), max_threads=1)
-    return lambda schema: compiler.compile_json_schema(schema)
+    return lambda schema: compiler.compile_json_schema(schema, any_whitespace=False)
 
 
 def _serve(connection: Connection, compiler_path: str, tokenizer_path: str) -> None:

@@ -92,6 +92,19 @@ def sampling_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def greedy_copies(kwargs: dict[str, Any]) -> int:
+    """How many identical samples a greedy request (``temperature`` 0) of ``n`` > 1 asks, its ``n`` set to 1 in
+    ``kwargs``; 1 for any other request, left as it is.
+
+    OpenAI answers such a request with ``n`` equal choices; vLLM refuses it (``n must be 1 when using greedy
+    sampling``). Greedy decoding gives the same sample each time, so one is decoded and copied."""
+    copies = kwargs.get("n", 1)
+    if copies == 1 or kwargs.get("temperature") != 0:
+        return 1
+    kwargs["n"] = 1
+    return int(copies)
+
+
 def structured_output(params: Mapping[str, Any]) -> dict[str, Any] | None:
     """What ``response_format`` asks of decoding, as vLLM's structured-output fields; None for plain text.
 

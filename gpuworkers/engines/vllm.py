@@ -1,8 +1,9 @@
-"""The ``vllm`` engine: LLM generation, chat and embeddings with vLLM's continuous batching (GPU only).
+"""The ``vllm`` engine: LLM generation, chat and embeddings with vLLM's continuous batching.
 
 A whole micro-batch goes to vLLM in one call (`LLM.generate`, `LLM.chat` or `LLM.embed`): vLLM's
 scheduler then keeps the GPU full across prompts of different lengths, and hands the outputs back in
-input order. The model is tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``).
+input order. The model is tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``); on a ``cpu`` slot,
+vLLM's CPU build runs it in the slot's process (`gpuworkers.engines.vllm_platform`).
 
 Responses: tasks ``generate`` and ``chat`` give ``{"text", "finish_reason", "usage": {"prompt_tokens",
 "completion_tokens", "prompt_tokens_details": {"cached_tokens"}}}`` (the prompt tokens vLLM's automatic
@@ -27,11 +28,12 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpuworkers import settings
+from gpuworkers.engines import vllm_platform
 from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, require_embedding_inputs
 from gpuworkers.engines.grammar_gate import GrammarGate
 from gpuworkers.engines.media import confine_media_fetches, require_fetch_free
 from gpuworkers.engines.messages import require_messages
-from gpuworkers.engines.sampling import is_int, sampling_kwargs
+from gpuworkers.engines.sampling import greedy_copies, is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
 from gpuworkers.engines.vllm_lora import VllmLoras, lora_kwargs
 from gpuworkers.engines.vllm_outputs import completion_response, embedding_response
@@ -57,6 +59,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = settings.CUDA_CACHE_BUDGET_FRACTION
 cache's whole budget, since vLLM fills what it is given with KV cache."""
 
 _RESERVED_LOAD_PARAMS = frozenset({"model", "tensor_parallel_size"})
+
+_LOADED: set[int] = set()
+"""The engines of this process that hold a loaded vLLM (by id)."""
 
 DEFAULT_MAX_TOKENS = 16
 """``SamplingParams``' own ``max_tokens`` (and OpenAI's completions default), used when a request gives none."""
@@ -87,20 +92,22 @@ class VllmEngine:
         self._memory_bytes = 0
         self._loras = VllmLoras(spec.name, spec.load_params)
         self._grammars: GrammarGate | None = None
+        self._backend: str | None = None
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
             raise EngineLoadError(f"the vllm engine runs tasks {', '.join(TASKS)}, not {self.spec.task!r}")
-        if device not in ("cuda", "cuda:0"):
-            # vLLM places the model on the first visible GPUs itself; a slot picks them with CUDA_VISIBLE_DEVICES.
-            raise EngineLoadError(
-                f"the vllm engine runs on the slot's CUDA GPUs (device 'cuda'), not on {device!r}; "
-                "choose the GPUs with CUDA_VISIBLE_DEVICES"
-            )
         vllm = _import_vllm()
+        self._backend = vllm_platform.backend()
+        vllm_platform.check_device(self._backend, device)
+        on_cpu = self._backend == "cpu"
         kwargs: dict[str, Any] = {
-            "tensor_parallel_size": tensor_parallel_size(self.spec, os.environ.get("CUDA_VISIBLE_DEVICES")),
+            "tensor_parallel_size": 1
+            if on_cpu
+            else tensor_parallel_size(self.spec, os.environ.get("CUDA_VISIBLE_DEVICES")),
         }
+        if on_cpu:
+            kwargs.update(vllm_platform.cpu_kwargs(self.spec.load_params))
         if self.spec.task == "embed":
             kwargs.update(embed_runner_kwargs(_parameter_names(vllm.LLM)))
         else:
@@ -122,11 +129,21 @@ class VllmEngine:
             raise EngineLoadError(
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
-        self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
-        self._grammars = GrammarGate(tokenizer_path=kwargs.get("tokenizer") or kwargs["model"])
-        self._tool_parser_name = parser_name
         self._vllm, self._llm = vllm, llm
-        self._memory_bytes = _device_share_bytes(kwargs["gpu_memory_utilization"])
+        _LOADED.add(id(self))
+        try:
+            self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
+        except Exception:
+            # The engine is up: tear it down as an unload would, or its distributed state outlives it and
+            # breaks the next model this process loads.
+            del llm
+            self.unload()
+            raise
+        self._tool_parser_name = parser_name
+        self._grammars = GrammarGate(tokenizer_path=kwargs.get("tokenizer") or kwargs["model"])
+        self._memory_bytes = (
+            int(kwargs["kv_cache_memory_bytes"]) if on_cpu else _device_share_bytes(kwargs["gpu_memory_utilization"])
+        )
 
     def run_batch(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self.run_requests(inputs, [params] * len(inputs))
@@ -153,6 +170,7 @@ class VllmEngine:
             publish_vllm_metrics(llm)
             return embeddings
         kwargs = [sampling_kwargs(own) for own in params]
+        copies = [greedy_copies(own) for own in kwargs]
         chat = self.spec.task == "chat"
         calls = [tool_calls(own, tool_parser=self._tool_parser_name) if chat else None for own in params]
         conversations = [require_fetch_free(require_messages(item)) for item in items] if chat else []
@@ -175,9 +193,13 @@ class VllmEngine:
             outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False, **lora)
         else:
             outputs = _chat(llm, conversations, sampling_params, calls, loras if lora else None)
+        shaped = [
+            completion_response(output, top_logprobs=own_kwargs.get("logprobs"), copies=own_copies)
+            for output, own_kwargs, own_copies in zip(outputs, kwargs, copies, strict=True)
+        ]
         responses = [
-            self._with_tool_calls(completion_response(output, top_logprobs=own_kwargs.get("logprobs")), call, request)
-            for output, own_kwargs, call, request in zip(outputs, kwargs, calls, requests, strict=True)
+            self._with_tool_calls(response, call, request)
+            for response, call, request in zip(shaped, calls, requests, strict=True)
         ]
         publish_vllm_metrics(llm)
         return responses
@@ -252,9 +274,13 @@ class VllmEngine:
             self._grammars.close()
             self._grammars = None
         self._memory_bytes = 0
+        _LOADED.discard(id(self))
         # vLLM's finalizers stop its engine-core process once the LLM is unreachable; collect it now.
         gc.collect()
-        _destroy_distributed_state()
+        if not _LOADED:
+            # The process's one distributed state, which every engine in it shares (the CPU build's all live in
+            # the slot's process): torn down with the last of them.
+            _destroy_distributed_state()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
@@ -360,6 +386,10 @@ def engine_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
         raise EngineLoadError(f"dtype must be a string such as 'auto' or 'bfloat16', not {dtype!r}")
     # vLLM keeps its statistics only when asked; the slot re-exports them on the host's /metrics.
     kwargs.setdefault("disable_log_stats", False)
+    # xgrammar: the compiler `grammar_gate` checks each schema with. No free whitespace in structured replies:
+    # where a small or sampled model runs away until max_tokens cuts a reply that no longer parses, and tokens
+    # nobody reads; OpenAI's structured replies are compact too.
+    kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
     lora_kwargs(kwargs)
     return kwargs
 
@@ -380,7 +410,8 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise EngineLoadError(
-            f"the vllm extra is not installed (pip install 'batchery[vllm]' on a GPU host): {exc}"
+            f"vLLM is not installed (`make install` puts its CPU build here; a GPU host installs "
+            f"'batchery[vllm]'): {exc}"
         ) from exc
     except Exception as exc:
         # vllm imports torch's CUDA extensions at import time; a driver or build mismatch shows here.

@@ -9,17 +9,19 @@ from typing import Any
 import numpy as np
 
 
-def completion_response(output: Any, *, top_logprobs: int | None = None) -> dict[str, Any]:
+def completion_response(output: Any, *, top_logprobs: int | None = None, copies: int = 1) -> dict[str, Any]:
     """The response for one prompt from vLLM's ``RequestOutput`` (``prompt_token_ids``, ``outputs``).
 
     The first sample is the response's ``text`` and ``finish_reason``; with more than one, every sample
     is in ``choices`` too, and ``completion_tokens`` counts the tokens of all of them, as OpenAI does.
     ``top_logprobs``, the number of alternatives asked per token, adds ``logprobs`` to each sample.
+    ``copies`` > 1: a greedy request's one sample stands for that many (`sampling.greedy_copies`).
     """
     samples = list(output.outputs)
     if not samples:
         raise ValueError("vllm returned no completion for the prompt")
-    choices = [_choice(sample, top_logprobs) for sample in samples]
+    samples = samples * copies
+    choices = [{**_choice(sample, top_logprobs), "index": index} for index, sample in enumerate(samples)]
     response = dict(choices[0])
     del response["index"]
     response["usage"] = {

@@ -30,7 +30,10 @@ from tasks.app import app
 from tasks.shared.config import SHARD_TASK, WAVE_TASK
 from tasks.shared.specs import ShardManifest, ShardSkipped, ShardSpec
 from tasks.shared.storage import TransientStorageError
-from tasks.slot import busy_clock, heartbeat, preload  # noqa: F401  (connect the slot's heartbeat, preloading and clock to its start)
+
+# Connected to the slot's start in this order: its clock, children allowed (before preloading, which may start
+# some), its heartbeat, preloading.
+from tasks.slot import busy_clock, children, heartbeat, preload  # noqa: F401
 from tasks.slot.shard_execution import execute_shard
 
 logger = logging.getLogger(__name__)

@@ -246,12 +246,16 @@ def test_embeddings_ask_for_the_pooling_runner_in_the_words_of_the_vllm_at_hand(
     assert embed_runner_kwargs({"model"}) == {}
 
 
+COMPACT_JSON = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
 def test_engine_kwargs_default_dtype_context_and_memory_share_and_pass_the_rest_on() -> None:
     assert engine_kwargs({}) == {
         "dtype": "auto",
         "max_model_len": None,
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
         "disable_log_stats": False,
+        "structured_outputs_config": COMPACT_JSON,
     }
     assert engine_kwargs({"dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": True}) == {
         "dtype": "bfloat16",
@@ -259,6 +263,7 @@ def test_engine_kwargs_default_dtype_context_and_memory_share_and_pass_the_rest_
         "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
         "enforce_eager": True,
         "disable_log_stats": False,
+        "structured_outputs_config": COMPACT_JSON,
     }
 
 

@@ -48,13 +48,16 @@ def _saved(model_class: Any, config: Any, tokenizer: Any, directory: Path) -> Pa
     return directory
 
 
-def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: int = 2, n_embd: int = 32) -> Path:
+def build_tiny_causal_lm(
+    directory: Path, *, n_positions: int = 128, n_layer: int = 2, n_embd: int = 32, n_head: int | None = None
+) -> Path:
     """Save a randomly initialised (seeded) two-layer GPT-2 and its tokenizer into ``directory``.
 
     The tokenizer has one token per printable ASCII character, so prompt lengths are easy to reason
     about and every generated token decodes to readable text; it has a chat template too
     (`TINY_CHAT_TEMPLATE`), for task ``chat``. ``n_positions`` is its context in tokens;
-    ``n_layer`` and ``n_embd`` its depth and width (smaller runs a long prompt faster).
+    ``n_layer`` and ``n_embd`` its depth and width (smaller runs a long prompt faster); ``n_head`` its attention
+    heads (by default 1 under a width of 32, else 2; vLLM's CPU attention wants heads of 32 or more).
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -62,7 +65,7 @@ def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: in
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_layer=n_layer,
-        n_head=1 if n_embd < 32 else 2,
+        n_head=n_head or (1 if n_embd < 32 else 2),
         n_embd=n_embd,
         n_positions=n_positions,
         bos_token_id=tokenizer.eos_token_id,
@@ -74,9 +77,10 @@ def build_tiny_causal_lm(directory: Path, *, n_positions: int = 128, n_layer: in
     return _saved(GPT2LMHeadModel, config, tokenizer, directory)
 
 
-def build_tiny_llama(directory: Path) -> Path:
+def build_tiny_llama(directory: Path, *, attention_heads: int = 4, positions: int = 128) -> Path:
     """A two-layer Llama of `build_tiny_causal_lm`'s tokenizer: the shape vLLM serves LoRA adapters on (its
-    GPT-2 takes none)."""
+    GPT-2 takes none). Its width is 64; one attention head makes heads of 64, as vLLM's CPU attention wants.
+    ``positions`` is its context in tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = _char_tokenizer()
@@ -85,9 +89,9 @@ def build_tiny_llama(directory: Path) -> Path:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=128,
+        num_attention_heads=attention_heads,
+        num_key_value_heads=attention_heads,
+        max_position_embeddings=positions,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         initializer_range=0.5,
