@@ -13,7 +13,8 @@ engine gets one call per distinct set of params, the answers put back in input o
 
 An engine that knows how long an input its model takes (`LengthLimited`) has each micro-batch's records
 measured first: one over the limit gets code ``input_too_long`` with its length and the limit, without
-running, unless its params say ``truncate: true`` (the engine then cuts it to fit).
+running, unless its params say ``truncate: true`` (the engine then cuts it to fit). A record refused before it
+reached the slot (`Item.refused`) does not run either: it gets code ``invalid_request`` with the refusal.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import gc
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -53,6 +54,9 @@ INPUT_TOO_LONG = "input_too_long"
 """Error code of a record longer than its model takes, refused before it runs unless its params say
 ``truncate: true``."""
 
+INVALID_REQUEST = "invalid_request"
+"""Error code of a record refused before it reached the slot (`Item.refused`): its request was at fault."""
+
 
 @dataclass(frozen=True)
 class RecordResult:
@@ -64,7 +68,7 @@ class RecordResult:
     """The engine's response for the record, or None when it failed."""
     error: dict[str, Any] | None
     """``{"code": "engine_error", "message": "ValueError: ..."}`` when it failed (or ``out_of_memory``,
-    ``input_too_long``), else None."""
+    ``input_too_long``, ``invalid_request``), else None."""
 
 
 class EngineOutputError(Exception):
@@ -89,6 +93,9 @@ class Item(NamedTuple):
     """The record's input (its task's input field)."""
     params: Mapping[str, Any] | None = None
     """The record's own params over the job's; a field set to null falls back to the engine's default."""
+    refused: str | None = None
+    """Why the request the record stands for cannot run, where it was refused at submission: the record does
+    not run (its ``value`` is None) and its result is the error ``invalid_request`` with this message."""
 
 
 Items = Sequence[Item | tuple[str, Any]]
@@ -199,29 +206,38 @@ def _run_within_limits(
     on_split: Callable[[int], None] | None,
     propagate: tuple[type[BaseException], ...],
 ) -> list[RecordResult]:
-    """Refuse the records longer than the model takes, each with its own error, and run the others."""
-    refused = _too_long(engine, items, params)
+    """Refuse the records refused at submission and those longer than the model takes, each with its own error,
+    and run the others."""
+    refused = {
+        index: {"code": INVALID_REQUEST, "message": item[3]}
+        for index, item in enumerate(items)
+        if len(item) > 3 and item[3] is not None
+    }
+    # A refused record has no input to measure.
+    for index, message in _too_long(engine, items, params, skip=refused).items():
+        refused[index] = {"code": INPUT_TOO_LONG, "message": message}
     if not refused:
         return _run_micro_batch(engine, items, params, on_split, propagate)
     fitting = [item for index, item in enumerate(items) if index not in refused]
     ran = iter(_run_micro_batch(engine, fitting, params, on_split, propagate) if fitting else [])
     return [
-        RecordResult(item[0], None, {"code": INPUT_TOO_LONG, "message": refused[index]})
-        if index in refused
-        else next(ran)
+        RecordResult(item[0], None, refused[index]) if index in refused else next(ran)
         for index, item in enumerate(items)
     ]
 
 
-def _too_long(engine: Engine, items: Items, params: Mapping[str, Any]) -> dict[int, str]:
+def _too_long(engine: Engine, items: Items, params: Mapping[str, Any], skip: Collection[int]) -> dict[int, str]:
+    """The items over the model's limit, by index, each with its message; those at `skip` are not measured."""
     # Checked before the engine runs: a model silently truncating the record, or one failing the whole
     # micro-batch over it, would both be wrong (the first changes the answer, the second costs a bisection).
     check = getattr(engine, "too_long", None)
     if check is None:
         return {}
-    refused: dict[int, str] = {}
+    too_long: dict[int, str] = {}
     for record_params, indices in _by_params(items, params):
-        if record_params.get("truncate") is True:
+        if skip:
+            indices = [index for index in indices if index not in skip]
+        if not indices or record_params.get("truncate") is True:
             continue
         try:
             messages = check([items[index][1] for index in indices], record_params)
@@ -231,8 +247,8 @@ def _too_long(engine: Engine, items: Items, params: Mapping[str, Any]) -> dict[i
             continue
         for index, message in zip(indices, messages, strict=True):
             if message is not None:
-                refused[index] = message
-    return refused
+                too_long[index] = message
+    return too_long
 
 
 def _by_params(items: Items, params: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[int]]]:

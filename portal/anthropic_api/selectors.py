@@ -17,13 +17,15 @@ from portal.anthropic_api.storage import message_batch_input
 from portal.jobs.input_display import tenant_job_error
 from portal.jobs.models import Job, JobStatus
 from portal.jobs.selectors import job_steps
+from tasks.shared.formats.records import REFUSED_FIELD
 from tasks.shared.storage import store_for
 
 READ_CHUNK_BYTES = 256 * 1024
 
 
 def processing_status(batch: MessageBatch) -> str:
-    """`in_progress`, `canceling` or `ended`, from the job; a batch whose job an operator deleted has ended."""
+    """`in_progress`, `canceling` or `ended`, from the job; a batch without a job (none of its requests could
+    run, or an operator deleted it) has ended."""
     job = batch.job
     if job is None or job.is_finished:
         return "ended"
@@ -47,7 +49,8 @@ def request_counts(batch: MessageBatch) -> dict[str, int]:
         counts["processing"] = batch.request_count
         return counts
     if job is None or not job.shard_count:
-        # No output at all: cancelled or expired before it was planned, refused by its planner, or deleted.
+        # No output at all: cancelled or expired before it was planned, refused by its planner, deleted, or none
+        # (no request of the batch could run).
         counts[_unrun_outcome(job)] = batch.request_count
         return counts
     stopped = _stopped_counts(job)
@@ -106,7 +109,8 @@ def message_batch_results(batch: MessageBatch) -> Iterator[bytes]:
     if job is not None and job.shard_count:
         source = store_for(job.output_uri).open_read(job.output_uri)
         return _converted(source, batch.id, model)
-    # Nothing ran: every request has the same result, one line each (their custom_ids read off the job's input).
+    # Nothing ran: every request has the same result, one line each (their custom_ids read off the job's input),
+    # but that an errored request refused at creation says why.
     input_uri = job.input_uri if job is not None else message_batch_input(batch.id)
     outcome = _unrun_outcome(job)
     if outcome == "errored":
@@ -114,7 +118,7 @@ def message_batch_results(batch: MessageBatch) -> Iterator[bytes]:
         result = errored("invalid_request_error", reason)
     else:
         result = {"type": outcome}
-    return _each_alike(store_for(input_uri).open_read(input_uri), result)
+    return _unrun(store_for(input_uri).open_read(input_uri), result)
 
 
 def _model_name(batch: MessageBatch) -> str:
@@ -133,7 +137,9 @@ def _converted(source: BinaryIO, batch_id: str, model: str) -> Iterator[bytes]:
         yield result_line(orjson.loads(raw), batch_id=batch_id, model=model)
 
 
-def _each_alike(source: BinaryIO, result: dict[str, Any]) -> Iterator[bytes]:
+def _unrun(source: BinaryIO, result: dict[str, Any]) -> Iterator[bytes]:
     for raw in _lines(source):
-        line = {"custom_id": orjson.loads(raw)["custom_id"], "result": result}
-        yield orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        record = orjson.loads(raw)
+        refused = record.get(REFUSED_FIELD)
+        own = errored("invalid_request_error", refused) if refused and result["type"] == "errored" else result
+        yield orjson.dumps({"custom_id": record["custom_id"], "result": own}, option=orjson.OPT_APPEND_NEWLINE)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuworkers.batching import Item, RecordResult
 from gpuworkers.engines.base import ADAPTER_PARAM
+from tasks.shared.formats.records import REFUSED_FIELD
 from tasks.shared.specs import ShardSpec
 
 BASE_MODEL = ""
@@ -22,12 +23,18 @@ BASE_MODEL = ""
 
 def record_items(spec: ShardSpec, records: Iterable[Mapping[str, Any]]) -> tuple[list[Item], dict[str, str]]:
     """The shard's records as items, and each record's adapter key (``name@version``, `BASE_MODEL` for none) by
-    custom_id when the job names adapters (empty otherwise)."""
+    custom_id when the job names adapters (empty otherwise). A refused record (`REFUSED_FIELD`) is an item that
+    carries its refusal, which runs on nothing."""
     adapters = {name: adapter.to_dict() for name, adapter in spec.adapters.items()}
     default = spec.adapter or None
     items: list[Item] = []
     keys: dict[str, str] = {}
     for record in records:
+        refused = record.get(REFUSED_FIELD)
+        if refused is not None:
+            # Nothing of it runs, on any adapter: its item carries only why.
+            items.append(Item(record["custom_id"], None, refused=refused))
+            continue
         own = record.get("params")
         if adapters:
             name = record.get("model", default)

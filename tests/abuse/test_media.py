@@ -1,6 +1,7 @@
 """Attacks through chat media and structured output: records whose media URLs name a metadata service or a private
 address, on all three APIs, and schemas too large to compile on a shared slot. Each is refused at submission naming
-the line and the part (or field), and the listener standing for the private address sees no request."""
+the line and the part (or field; an Anthropic request errors alone, as Anthropic's do), and the listener standing for
+the private address sees no request."""
 
 from __future__ import annotations
 
@@ -122,15 +123,20 @@ def test_media_urls_naming_private_addresses_are_refused_on_every_api_and_never_
                         json={"requests": [{"custom_id": "a", "params": params}]},
                         headers={"anthropic-version": "2023-06-01"},
                     )
-                    assert anthropic.status_code == 400, anthropic.text
-                    message = anthropic.json()["error"]["message"]
-                    assert message.startswith(
-                        "requests.0.params.messages.0.content.1.source.type: image sources of type 'url'"
+                    # As Anthropic answers it, the batch is created and the request errors alone: here the only
+                    # one, so the batch has no job and has ended at once.
+                    assert anthropic.status_code == 200, anthropic.text
+                    assert anthropic.json()["processing_status"] == "ended", anthropic.text
+                    results = client.get(anthropic.json()["results_url"], headers={"anthropic-version": "2023-06-01"})
+                    [line] = [orjson.loads(raw) for raw in results.content.splitlines()]
+                    assert line["result"]["type"] == "errored", line
+                    assert line["result"]["error"]["error"]["message"].startswith(
+                        "params.messages.0.content.1.source.type: image sources of type 'url'"
                     )
         assert listener.paths == [], listener.paths
         return (
             f"{rounds * len(addresses(listener))} x 3 APIs: REST 400 (line 2), OpenAI batch failed (line 9), "
-            "Anthropic 400; the listener saw no request"
+            "Anthropic errored alone; the listener saw no request"
         )
 
     abuse_report("media URLs naming private and metadata addresses", attack)

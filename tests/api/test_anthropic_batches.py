@@ -112,20 +112,12 @@ def test_a_batch_becomes_a_chat_job_whose_records_carry_their_own_params_where_t
     [
         ([], "requests: must be a non-empty list"),
         ([chat_request("a"), chat_request("a")], "requests.1.custom_id: 'a' is already the custom_id of requests.0"),
-        ([chat_request("a"), chat_request("b", max_tokens=None)], "requests.1.params.max_tokens"),
-        ([chat_request("a", model="gpt-9")], "requests.0.params.model: no enabled model or adapter named 'gpt-9'"),
-        ([chat_request("a"), chat_request("b", model="other")], "requests.1.params.model: no enabled model or"),
-        ([chat_request("a"), chat_request("b", top_k=5)], "requests.1.params.top_k: top_k is not a parameter"),
-        ([chat_request("a", stop_sequences=[""])], "requests.0.params.stop_sequences"),
-        (
-            [chat_request("a", tools=[{"name": "f", "input_schema": {}}], tool_choice={"type": "any"})],
-            "requests.0.params.tools: tools is not supported by the transformers engine",
-        ),
-        ([chat_request("a", max_tokens=10**9)], "requests.0.params.max_tokens"),
+        ([chat_request("a"), ["not", "an", "object"]], "requests.1: must be an object {custom_id, params}"),
+        ([chat_request("a"), {"custom_id": "b", "params": "x"}], "requests.1.params: must be an object"),
     ],
 )
-def test_a_batch_that_cannot_run_is_refused_with_400_naming_the_request_and_field(
-    caller: Callable[..., Caller], chat_model: Model, requests: list[dict[str, Any]], message: str
+def test_a_malformed_batch_is_refused_with_400_naming_the_request_and_field(
+    caller: Callable[..., Caller], chat_model: Model, requests: list[Any], message: str
 ) -> None:
     response = create(anthropic_client(caller("acme").key), requests)
 
@@ -133,13 +125,70 @@ def test_a_batch_that_cannot_run_is_refused_with_400_naming_the_request_and_fiel
     assert not MessageBatch.objects.exists() and not Job.objects.exists()
 
 
-def test_a_model_of_another_task_is_refused_naming_the_model(caller: Callable[..., Caller], db: None) -> None:
+def results_of(client: APIClient, batch: dict[str, Any]) -> list[dict[str, Any]]:
+    response = client.get(batch["results_url"])
+    assert response.status_code == 200, response
+    return [orjson.loads(line) for line in b"".join(response.streaming_content).splitlines()]  # type: ignore[attr-defined]
+
+
+def test_a_request_whose_params_cannot_run_errors_alone_in_the_results_and_the_others_run(
+    caller: Callable[..., Caller], chat_model: Model
+) -> None:
+    client = anthropic_client(caller("acme").key)
+
+    response = create(client, [chat_request("a"), chat_request("b", max_tokens=-1), chat_request("c", top_k=5)])
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["request_counts"]["processing"] == 3
+    job = MessageBatch.objects.select_related("job").get(pk=body["id"]).job
+    assert job is not None
+    with store_for(job.input_uri).open_read(job.input_uri) as source:
+        refused = {line["custom_id"]: line["refused"] for line in map(orjson.loads, source) if "refused" in line}
+    assert sorted(refused) == ["b", "c"]
+    assert refused["b"] == "params.max_tokens: max_tokens must be a positive integer, not -1"
+    assert refused["c"].startswith("params.top_k: top_k is not a parameter the transformers engine honours")
+    # Ended as its slot writes a refused record: the error `invalid_request` with the refusal.
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    end_job(
+        body["id"],
+        [
+            {"custom_id": "a", "response": {"text": "Yo", "finish_reason": "stop", "usage": usage}},
+            *({"custom_id": key, "error": {"code": "invalid_request", "message": why}} for key, why in refused.items()),
+        ],
+        status=JobStatus.PARTIALLY_SUCCEEDED,
+    )
+
+    ended = client.get(f"{URL}/{body['id']}").json()
+    lines = results_of(client, ended)
+
+    assert ended["request_counts"] == {"processing": 0, "succeeded": 1, "errored": 2, "canceled": 0, "expired": 0}
+    assert [(line["custom_id"], line["result"]["type"]) for line in lines] == [
+        ("a", "succeeded"),
+        ("b", "errored"),
+        ("c", "errored"),
+    ]
+    assert lines[1]["result"]["error"] == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": refused["b"]},
+    }
+
+
+def test_a_batch_of_one_request_of_a_model_of_another_task_ends_at_once_errored_naming_the_model(
+    caller: Callable[..., Caller], db: None
+) -> None:
     ModelFactory()  # the bundled embedding model
+    client = anthropic_client(caller("acme").key)
 
-    response = create(anthropic_client(caller("acme").key), [chat_request("a", model="all-MiniLM-L6-v2")])
+    response = create(client, [chat_request("a", model="all-MiniLM-L6-v2")])
 
-    assert "requests.0.params.model: model 'all-MiniLM-L6-v2' serves task 'embed'" in error_of(
-        response, 400, "invalid_request_error"
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["processing_status"] == "ended" and not Job.objects.exists()
+    assert body["request_counts"]["errored"] == 1
+    (line,) = results_of(client, body)
+    assert line["result"]["error"]["error"]["message"].startswith(
+        "params.model: model 'all-MiniLM-L6-v2' serves task 'embed'"
     )
 
 
@@ -316,8 +365,13 @@ def test_requests_may_name_adapters_of_the_batchs_model_and_run_on_it_but_not_an
     with store_for(job.input_uri).open_read(job.input_uri) as source:
         assert [orjson.loads(line).get("model") for line in source] == ["support-bot", None]
     mixed = create(client, [chat_request("a", model="support-bot"), chat_request("b", model="other-chat")])
-    assert "requests.1.params.model: is 'other-chat', but requests.0 runs on 'tiny-chat'" in error_of(
-        mixed, 400, "invalid_request_error"
-    )
-    stranger = create(anthropic_client(caller("globex").key), [chat_request("a", model="support-bot")])
-    assert "no enabled model or adapter named 'support-bot'" in error_of(stranger, 400, "invalid_request_error")
+    assert mixed.status_code == 200, mixed.content
+    job = MessageBatch.objects.select_related("job").get(pk=mixed.json()["id"]).job
+    assert job is not None
+    with store_for(job.input_uri).open_read(job.input_uri) as source:
+        refused = [orjson.loads(line).get("refused") for line in source]
+    assert refused[0] is None
+    assert refused[1].startswith("params.model: is 'other-chat', but requests.0 runs on 'tiny-chat'")
+    stranger = anthropic_client(caller("globex").key)
+    (line,) = results_of(stranger, create(stranger, [chat_request("a", model="support-bot")]).json())
+    assert "no enabled model or adapter named 'support-bot'" in line["result"]["error"]["error"]["message"]

@@ -1,5 +1,6 @@
 """The official `anthropic` client, unchanged, against a live stack: a message batch runs as a Batchery job on
-real workers with a tiny chat model, and its results, cancel, delete and scoping read as Anthropic's."""
+real workers with a tiny chat model, a request with bad params errors alone, and its results, cancel, delete and
+scoping read as Anthropic's."""
 
 from __future__ import annotations
 
@@ -46,16 +47,28 @@ def test_the_anthropic_sdk_runs_a_message_batch_end_to_end_and_sees_only_its_own
     acme = caller("acme")
     client = anthropic_client(live_server, acme.key)
 
-    # The tiny model has 128 positions: a prompt of 300 characters is refused by the engine, for that record only.
-    created = client.messages.batches.create(requests=[request("short", "Hi?"), request("long", "x" * 300)])
+    # A negative max_tokens is that request's fault alone, as at Anthropic: the batch is created, the request errors
+    # without running. The tiny model has 128 positions: a prompt of 300 characters is refused by the engine, for
+    # that record only.
+    bad = request("bad", "Hi?")
+    bad["params"]["max_tokens"] = -1
+    created = client.messages.batches.create(
+        requests=[request("short", "Hi?"), bad, request("long", "x" * 300), request("other", "Bye?")]
+    )
     assert created.id.startswith("msgbatch_") and created.processing_status == "in_progress"
+    assert created.request_counts.processing == 4
     batch = wait_until_ended(client, created.id, pipeline_workers)
 
-    assert batch.request_counts.succeeded == 1 and batch.request_counts.errored == 1
+    assert batch.request_counts.succeeded == 2 and batch.request_counts.errored == 2
     assert batch.ended_at is not None and batch.results_url is not None
     assert [listed.id for listed in client.messages.batches.list()] == [batch.id]
-    results = {line.custom_id: line.result for line in client.messages.batches.results(batch.id)}
-    assert results["short"].type == "succeeded"
+    lines = list(client.messages.batches.results(batch.id))
+    assert [line.custom_id for line in lines] == ["short", "bad", "long", "other"]
+    results = {line.custom_id: line.result for line in lines}
+    assert results["short"].type == "succeeded" and results["other"].type == "succeeded"
+    assert results["bad"].type == "errored"
+    assert results["bad"].error.type == "error" and results["bad"].error.error.type == "invalid_request_error"
+    assert results["bad"].error.error.message == "params.max_tokens: max_tokens must be a positive integer, not -1"
     message = results["short"].message
     assert message.model == "tiny-chat" and message.role == "assistant"
     assert message.content[0].type == "text" and message.stop_reason in ("end_turn", "max_tokens")

@@ -1,6 +1,7 @@
 """A chat record naming media by URL is refused at submission on all three APIs (REST, OpenAI batches, Anthropic
-message batches), naming the line and the part; inline media is taken for a model whose catalog entry says it takes
-that kind of input; and a record's own schema over the bounds is refused naming the line and the field."""
+message batches, where the request errors alone as Anthropic's do), naming the line and the part; inline media is
+taken for a model whose catalog entry says it takes that kind of input; and a record's own schema over the bounds is
+refused naming the line and the field."""
 
 from __future__ import annotations
 
@@ -166,11 +167,16 @@ def anthropic_batch(caller: Caller, content: list[dict[str, Any]], system: str |
     return client.post("/v1/messages/batches", {"requests": [{"custom_id": "a", "params": body}]}, format="json")
 
 
-def refusal(response: Any) -> str:
-    assert response.status_code == 400, response.content
-    error = response.json()["error"]
+def refusal(caller: Caller, response: Any) -> str:
+    """The message of the batch's one request, errored at creation: the batch has ended with no job to run it."""
+    assert response.status_code == 200, response.content
+    batch = response.json()
+    assert batch["processing_status"] == "ended" and not Job.objects.exists()
+    results = caller.client.get(batch["results_url"])
+    [line] = [json.loads(line) for line in b"".join(results.streaming_content).splitlines()]
+    assert line["result"]["type"] == "errored"
+    error = line["result"]["error"]["error"]
     assert error["type"] == "invalid_request_error"
-    assert not MessageBatch.objects.exists() and not Job.objects.exists()
     return str(error["message"])
 
 
@@ -179,21 +185,22 @@ def refusal(response: Any) -> str:
     [
         (
             {"type": "image", "source": {"type": "url", "url": METADATA}},
-            "requests.0.params.messages.0.content.1.source.type: image sources of type 'url' are not served here: "
+            "params.messages.0.content.1.source.type: image sources of type 'url' are not served here: "
             "GPU hosts fetch nothing a request names",
         ),
         (
             {"type": "document", "source": {"type": "url", "url": "http://127.0.0.1:8000/"}},
-            "requests.0.params.messages.0.content.1.type: content blocks of type 'document' are not served here",
+            "params.messages.0.content.1.type: content blocks of type 'document' are not served here",
         ),
     ],
 )
-def test_anthropic_batches_refuse_media_by_url_and_documents_naming_the_request_and_block(
+def test_anthropic_batches_error_a_request_of_media_by_url_or_documents_naming_the_block(
     caller: Callable[..., Caller], vision_chat: Model, block: dict[str, Any], expected: str
 ) -> None:
     Model.objects.filter(pk=vision_chat.pk).update(input_modalities=["text", "image"])
-    response = anthropic_batch(caller("acme"), [{"type": "text", "text": "What is it?"}, block])
-    assert refusal(response).startswith(expected)
+    alice = caller("acme")
+    response = anthropic_batch(alice, [{"type": "text", "text": "What is it?"}, block])
+    assert refusal(alice, response).startswith(expected)
 
 
 def test_anthropic_batches_take_an_inline_image_only_for_a_model_that_takes_images(
@@ -203,16 +210,15 @@ def test_anthropic_batches_take_an_inline_image_only_for_a_model_that_takes_imag
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     content = [{"type": "text", "text": "What is it?"}, image]
 
-    message = refusal(anthropic_batch(alice, content, system="Be brief."))
+    message = refusal(alice, anthropic_batch(alice, content, system="Be brief."))
     assert message == (
-        "requests.0.params.messages.0.content.1: is image input ('image_url'), which this model does not accept; "
-        "it takes text"
+        "params.messages.0.content.1: is image input ('image_url'), which this model does not accept; it takes text"
     )
 
     Model.objects.filter(pk=vision_chat.pk).update(input_modalities=["text", "image"])
     accepted = anthropic_batch(alice, content, system="Be brief.")
     assert accepted.status_code == 200, accepted.content
-    job = MessageBatch.objects.get().job
+    job = MessageBatch.objects.get(pk=accepted.json()["id"]).job
     assert job is not None
     with store_for(job.input_uri).open_read(job.input_uri) as source:
         [record] = [json.loads(line) for line in source]

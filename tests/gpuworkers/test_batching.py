@@ -374,3 +374,31 @@ def test_a_record_s_error_names_no_location_of_the_host_or_its_storage() -> None
         "code": "engine_error",
         "message": "FileNotFoundError: no tokenizer at <path> nor at <path> (tried 'config.json')",
     }
+
+
+def test_a_refused_record_gets_invalid_request_without_being_measured_or_run_and_the_others_run() -> None:
+    engine = LengthLimitedEngine(limit=5)
+    items = [Item("a", "short"), Item("b", None, refused="params.max_tokens: must be at least 1"), Item("c", "tiny")]
+
+    results = list(run_records(engine, items, params={}, micro_batch_size=8))
+
+    assert [result.custom_id for result in results] == ["a", "b", "c"]
+    assert results[1] == RecordResult(
+        "b", None, {"code": batching.INVALID_REQUEST, "message": "params.max_tokens: must be at least 1"}
+    )
+    assert [result.response for result in (results[0], results[2])] == [{"echo": "short"}, {"echo": "tiny"}]
+    assert engine.measured == [["short", "tiny"]]
+    assert engine.batches == [["short", "tiny"]]
+
+
+def test_a_micro_batch_of_only_refused_records_calls_the_engine_not_at_all() -> None:
+    engine = LengthLimitedEngine(limit=5)
+
+    results = list(
+        run_records(
+            engine, [Item("a", None, refused="no"), Item("b", None, refused="no")], params={}, micro_batch_size=8
+        )
+    )
+
+    assert [result.error for result in results] == [{"code": batching.INVALID_REQUEST, "message": "no"}] * 2
+    assert engine.measured == [] and engine.batches == []

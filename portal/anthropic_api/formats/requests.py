@@ -10,6 +10,10 @@ nothing a request names) and a content block of any other type (documents, tool 
 it, and so is a Messages API param this conversion does not know, rather than dropped. Whether the engine of the model
 can honour the converted params is judged by the caller (`check_request_params`), whose field names
 `anthropic_field` turns back into the request's.
+
+Two kinds of refusal, as Anthropic draws the line: a request that is not ``{"custom_id", "params": {...}}``
+(`request_parts`) makes the batch malformed, refused whole at creation; anything wrong inside its ``params``
+(`convert_request`) is that request's alone, which errors in the results while the others run.
 """
 
 from __future__ import annotations
@@ -93,9 +97,9 @@ class ChatRequest:
     """The chat engine's params: ``max_tokens``, and the optional ones the request gives."""
 
 
-def convert_request(request: Any, *, version: str) -> ChatRequest:
-    """Convert one element of ``requests``; raises `RequestRefused` naming the field for anything this
-    platform cannot run as Anthropic would answer it, under ``anthropic-version`` ``version``."""
+def request_parts(request: Any) -> tuple[str, Mapping[str, Any]]:
+    """The ``custom_id`` and ``params`` of one element of ``requests``; raises `RequestRefused` naming the field
+    where the element itself is malformed, which makes the whole batch malformed (Anthropic answers 400)."""
     if not isinstance(request, Mapping):
         raise RequestRefused("", "must be an object {custom_id, params}")
     unknown = sorted(set(request) - {"custom_id", "params"})
@@ -107,6 +111,13 @@ def convert_request(request: Any, *, version: str) -> ChatRequest:
     params = request.get("params")
     if not isinstance(params, Mapping):
         raise RequestRefused("params", "must be an object of Messages API params")
+    return custom_id, params
+
+
+def convert_request(custom_id: str, params: Mapping[str, Any], *, version: str) -> ChatRequest:
+    """Convert one request's ``params``; raises `RequestRefused` naming the field (``params.…``) for anything this
+    platform cannot run as Anthropic would answer it, under ``anthropic-version`` ``version``: that request
+    errors, alone."""
     unknown = sorted(set(params) - SERVED_PARAMS)
     if unknown:
         served = ", ".join(sorted(SERVED_PARAMS))

@@ -2,8 +2,12 @@
 and submitted as a job of task `chat` (so the same fair share, quotas and webhooks apply); it is cancelled
 through its job and deleted, with what it stored, once it has ended.
 
-Everything wrong with a request is refused at creation, naming the request's index and field
-(`requests.3.params.max_tokens`), as Anthropic's API does: nothing is left to a later validation.
+As Anthropic's API does, only what malforms the batch is refused at creation, naming the request's index and
+field (`requests.3.custom_id`): the body's `requests`, a request that is not `{custom_id, params: {...}}`, a
+duplicate custom_id, the limits. Anything wrong inside one request's `params` (`params.max_tokens`, a model
+the catalog does not hold...) lets the batch be created: that request is written as a refused record
+(`tasks.shared.formats.records.REFUSED_FIELD`), which the slot settles as an error without running it, so it
+comes back `errored` in the results, in its place, while the others run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import secrets
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -27,6 +32,7 @@ from portal.anthropic_api.formats.requests import (
     anthropic_field,
     convert_request,
     request_part,
+    request_parts,
 )
 from portal.anthropic_api.models import MessageBatch
 from portal.anthropic_api.selectors import processing_status
@@ -40,6 +46,7 @@ from portal.jobs.services.stop import job_cancel
 from portal.jobs.services.submit import job_submit
 from portal.jobs.storage_layout import job_root
 from portal.tenancy.models import ApiKey, Tenant
+from tasks.shared.formats.records import REFUSED_FIELD
 from tasks.shared.storage import store_for
 
 logger = logging.getLogger(__name__)
@@ -69,98 +76,124 @@ def batch_model(tenant: Tenant, name: str) -> Model | None:
     return model_runs_on(tenant, name)
 
 
-def _refused_param(index: int, error: ParamError) -> MessageBatchRefused:
+def _refused_param(error: ParamError) -> RequestRefused:
     # The engine names its own params (`stop must be ...`): said again in the request's words.
     field = anthropic_field(error.field)
     message = str(error)
     if message.startswith(error.field):
         message = field + message[len(error.field) :]
-    return MessageBatchRefused(message, field=f"requests.{index}.params.{field}")
+    return RequestRefused(f"params.{field}", message)
 
 
 class _BatchWriter:
-    """Checks the requests one by one and writes each as a record of the job's input as it goes."""
+    """Checks the requests one by one and writes each as a record of the job's input as it goes: a request whose
+    params cannot run as a refused record (`REFUSED_FIELD`), which errors alone in the results."""
 
     def __init__(self, tenant: Tenant, version: str) -> None:
         self.tenant = tenant
         self.version = version
         self.model: Model | None = None
+        """The batch's model: the first chat model of the catalog a request names (or names an adapter of)."""
+        self._model_index = 0
         self.params: dict[str, Any] = {}
+        """The job's params: the first request's that runs."""
+        self.first_run: int | None = None
+        """The index of the first request that runs; None while every request so far is refused."""
         self.count = 0
         self._custom_ids: dict[str, int] = {}
-        self._runs_on: dict[str, Model] = {}
+        self._runs_on: dict[str, Model | None] = {}
+        """What each model name given so far runs on (None: nothing the tenant may use)."""
         self._media: MediaPolicy | None = None
         """What the batch's model may be given in its messages, once a request named it."""
 
     def record(self, index: int, request: Any) -> bytes:
+        """The request's record, newline-terminated; raises `MessageBatchRefused` where it malforms the batch."""
         try:
-            converted = convert_request(request, version=self.version)
+            custom_id, params = request_parts(request)
         except RequestRefused as exc:
             raise MessageBatchRefused(exc.message, field=f"requests.{index}.{exc.field}".rstrip(".")) from None
-        first = self._custom_ids.setdefault(converted.custom_id, index)
+        first = self._custom_ids.setdefault(custom_id, index)
         if first != index:
             raise MessageBatchRefused(
-                f"{converted.custom_id!r} is already the custom_id of requests.{first}; each request needs its own",
+                f"{custom_id!r} is already the custom_id of requests.{first}; each request needs its own",
                 field=f"requests.{index}.custom_id",
             )
+        self.count += 1
+        try:
+            record = self._runnable(index, convert_request(custom_id, params, version=self.version))
+        except RequestRefused as exc:
+            # As Anthropic answers it: the batch is created, and this request errors in its results.
+            record = {"custom_id": custom_id, REFUSED_FIELD: f"{exc.field}: {exc.message}"}
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+    def _runnable(self, index: int, converted: ChatRequest) -> dict[str, Any]:
+        """The record of a request that runs; raises `RequestRefused` for one that cannot."""
         model = self._model(index, converted)
-        self._check_media(index, converted, model)
+        self._check_media(converted, model)
         try:
             check_request_params(model.engine, model.task, converted.params, tool_parser=model.tool_parser)
         except ParamError as exc:
-            raise _refused_param(index, exc) from None
+            raise _refused_param(exc) from None
         record: dict[str, Any] = {"custom_id": converted.custom_id, "messages": converted.messages}
         if converted.model != model.name:
             record["model"] = converted.model  # an adapter of the batch's model: the record runs with it
-        if index == 0:
-            self.params = converted.params
+        if self.first_run is None:
+            self.first_run, self.params = index, converted.params
         elif converted.params != self.params:
             # As the OpenAI conversion writes it: a null stands for a job param this request leaves out.
             record["params"] = {**dict.fromkeys(self.params), **converted.params}
-        self.count += 1
-        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        return record
 
-    def _check_media(self, index: int, converted: ChatRequest, model: Model) -> None:
+    def _check_media(self, converted: ChatRequest, model: Model) -> None:
         """Refuse an image the model does not take, or one over the bounds (`gpuworkers.engines.media`)."""
         if self._media is None:
             self._media = MediaPolicy.configured(model.input_modalities)
         problem = messages_media_problem(converted.messages, self._media)
         if problem is not None:
             message = problem.message.removeprefix(problem.where).lstrip()
-            raise MessageBatchRefused(message, field=f"requests.{index}.{request_part(problem.where, converted)}")
+            raise RequestRefused(request_part(problem.where, converted), message)
 
     def _model(self, index: int, converted: ChatRequest) -> Model:
         """The model the request runs on: the one it names, or the base model of the adapter it names."""
-        field = f"requests.{index}.params.model"
+        field = "params.model"
         if converted.model in self._runs_on:
-            model = self._runs_on[converted.model]
+            found = self._runs_on[converted.model]
+        elif len(self._runs_on) >= settings.BATCHERY_MAX_RECORD_MODEL_NAMES:
+            # Each name costs a query: past the limit, one more is refused without its query.
+            limit = settings.BATCHERY_MAX_RECORD_MODEL_NAMES
+            raise RequestRefused(
+                field,
+                f"{converted.model[:100]!r} would be distinct model name {limit + 1} of this batch's requests, over "
+                f"the limit of {limit} (BATCHERY_MAX_RECORD_MODEL_NAMES)",
+            )
         else:
-            found = batch_model(self.tenant, converted.model)
-            if found is None:
-                raise MessageBatchRefused(f"no enabled model or adapter named {converted.model!r}", field=field)
-            model = self._runs_on[converted.model] = found
+            found = self._runs_on[converted.model] = batch_model(self.tenant, converted.model)
+        if found is None:
+            raise RequestRefused(field, f"no enabled model or adapter named {converted.model!r}")
+        model = found
         if self.model is not None:
             if model.pk != self.model.pk:
-                raise MessageBatchRefused(
-                    f"is {converted.model!r}, but requests.0 runs on {self.model.name!r}; a batch runs one model "
-                    "and its adapters, so every request must name that model or an adapter of it",
-                    field=field,
+                raise RequestRefused(
+                    field,
+                    f"is {converted.model!r}, but requests.{self._model_index} runs on {self.model.name!r}; a batch "
+                    "runs one model and its adapters, so every request must name that model or an adapter of it",
                 )
             return model
         if model.task != CHAT_TASK:
-            raise MessageBatchRefused(
-                f"model {model.name!r} serves task {model.task!r}; message batches need a 'chat' model", field=field
+            raise RequestRefused(
+                field, f"model {model.name!r} serves task {model.task!r}; message batches need a 'chat' model"
             )
-        self.model = model
+        self.model, self._model_index = model, index
         return model
 
 
-def _submission_field(exc: SubmissionError) -> str:
-    """The request field a refused submission names: the job's model and params are the first request's."""
+def _submission_field(exc: SubmissionError, first_run: int) -> str:
+    """The request field a refused submission names: the job's model and params are the first request's that
+    runs."""
     if exc.field == "model":
-        return "requests.0.params.model"
+        return f"requests.{first_run}.params.model"
     if exc.field == "params":
-        return "requests.0.params"
+        return f"requests.{first_run}.params"
     return "requests"
 
 
@@ -170,7 +203,9 @@ def message_batch_create(
     """Check every request, write them as the job's input and submit the job; the batch is visible to
     `api_key` only. `version` is the request's `anthropic-version`.
 
-    Raises `MessageBatchRefused` naming the request and field at fault, `QuotaExceeded` when a quota
+    A request whose params cannot run is kept as a refused record, which errors alone in the results; a batch
+    none of whose requests runs has no job, and has ended at once. Raises `MessageBatchRefused` naming the
+    request and field that malform the batch (or the job's submission refused), `QuotaExceeded` when a quota
     refuses the job; either way nothing is left behind.
     """
     if not isinstance(requests, list) or not requests:
@@ -196,26 +231,28 @@ def message_batch_create(
         with store.open_write(job_input) as target:
             for index, request in enumerate(requests):
                 target.write(writer.record(index, request))
-        assert writer.model is not None  # a non-empty batch that converted names its model
         batch.request_count = writer.count
         with transaction.atomic():
-            batch.job = job_submit(
-                tenant=tenant,
-                user=user,
-                task=CHAT_TASK,
-                request=JobRequest(
-                    model_name=writer.model.name,
-                    model_version=writer.model.version,
-                    input_uri=job_input,
-                    params=writer.params,
-                    deadline_seconds=BATCH_LIFETIME.total_seconds(),
-                ),
-            )
+            if writer.first_run is not None:
+                assert writer.model is not None  # a request that runs named the batch's model
+                batch.job = job_submit(
+                    tenant=tenant,
+                    user=user,
+                    task=CHAT_TASK,
+                    request=JobRequest(
+                        model_name=writer.model.name,
+                        model_version=writer.model.version,
+                        input_uri=job_input,
+                        params=writer.params,
+                        deadline_seconds=BATCH_LIFETIME.total_seconds(),
+                    ),
+                )
             batch.save(force_insert=True)
     except BaseException as exc:
         store.delete_prefix(job_input)
         if isinstance(exc, SubmissionError) and not isinstance(exc, QuotaExceeded):
-            raise MessageBatchRefused(exc.message, field=_submission_field(exc)) from None
+            assert writer.first_run is not None  # only a batch with a job is submitted
+            raise MessageBatchRefused(exc.message, field=_submission_field(exc, writer.first_run)) from None
         raise
     return batch
 

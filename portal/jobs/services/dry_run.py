@@ -419,7 +419,7 @@ def _read(
                 if prefix_key is not None:
                     keys.append(prefix_key(record))
                     sizes.append(record_chars(record, input_field))
-                if tokens is not None:
+                if tokens is not None and not record.refused:
                     tokens.add(record.line, record.data.get(input_field))
                 if outputs is not None:
                     outputs.add(record.data.get("params"))

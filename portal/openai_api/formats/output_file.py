@@ -41,10 +41,10 @@ STOPPED_BATCH_ERRORS: Mapping[str, tuple[str, str]] = {
 }
 """Batchery's codes for records that never ran, to OpenAI's ``(code, message)``: these get no response."""
 
-CLIENT_ERROR_CODES = frozenset({"engine_error", "input_too_long", "invalid_model"})
+CLIENT_ERROR_CODES = frozenset({"engine_error", "input_too_long", "invalid_model", "invalid_request"})
 """Record failures that are the request's fault, answered with status 400: the engine raised on the record
-when it ran alone (a bad input or param), the input is longer than the model takes, or the model cannot
-serve the endpoint. Any other failure
+when it ran alone (a bad input or param), the input is longer than the model takes, the model cannot
+serve the endpoint, or the request was refused at submission and did not run. Any other failure
 (``out_of_memory``, ``poison_record``, ``shard_failed``...) is the server's: status 500."""
 
 UNLIKELY_LOGPROB = -9999.0

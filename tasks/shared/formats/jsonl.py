@@ -22,7 +22,7 @@ from gpuworkers.engines.request_params import ADAPTER_NOT_A_PARAM, PLATFORM_FIEL
 from gpuworkers.engines.sampling import SchemaRefused
 from gpuworkers.engines.tools import check_reply_schema_bounds
 from tasks.shared.formats.id_hashes import IdHashes
-from tasks.shared.formats.records import LineProblem, Record, input_problem
+from tasks.shared.formats.records import REFUSED_FIELD, LineProblem, Record, input_problem
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 _UINT64 = (1 << 64) - 1
@@ -59,7 +59,9 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
     A line of an OpenAI batch request file (`{"custom_id", "method", "url", "body": {...}}`) whose
     input field is only inside `body` becomes the record `{custom_id, <input field>}`. A native record may
     carry ``params`` of its own, a JSON object over the job's params for that record alone, and ``model``, the
-    name of the model it runs with (its job's, or an adapter of it: `portal.jobs.adapters` judges which).
+    name of the model it runs with (its job's, or an adapter of it: `portal.jobs.adapters` judges which). A record
+    that carries `REFUSED_FIELD` is kept as its custom_id and refusal alone: it is not run, and its output line is
+    its refusal.
     """
     if raw is None:
         return LineProblem(line_no, f"line is longer than {MAX_LINE_BYTES} bytes")
@@ -72,6 +74,12 @@ def parse_line(raw: bytes | None, line_no: int, input_field: str) -> Record | Li
     custom_id = data.get("custom_id", str(line_no))
     if not isinstance(custom_id, str) or not custom_id:
         return LineProblem(line_no, "custom_id must be a non-empty string")
+    if REFUSED_FIELD in data:
+        refused = data[REFUSED_FIELD]
+        if not isinstance(refused, str) or not refused:
+            return LineProblem(line_no, f"{REFUSED_FIELD} must be a non-empty string: why the record cannot run")
+        # Nothing else of it is read: it does not run.
+        return Record(line=line_no, custom_id=custom_id, data={"custom_id": custom_id, REFUSED_FIELD: refused})
     if input_field not in data:
         body = data.get("body")
         if not isinstance(body, dict):

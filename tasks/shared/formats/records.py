@@ -25,6 +25,11 @@ def input_field_for(task: str) -> str:
         raise ValueError(f"unknown model task {task!r}; known: {', '.join(sorted(TASK_INPUT_FIELDS))}") from None
 
 
+REFUSED_FIELD = "refused"
+"""A record that carries this field, a message saying what is wrong with the request it stands for, does not run:
+its output line is the error ``invalid_request`` with that message, in its place. How an API whose requests each
+stand or fall alone (Anthropic's message batches) keeps a request it refused at submission among the others."""
+
 MAX_INPUT_TEXTS = 2048
 """Texts one record's `input` may list, as OpenAI's embeddings endpoint allows in one request."""
 
@@ -110,3 +115,8 @@ class Record:
     """The record's identity end to end: given, or its line number."""
     data: dict[str, Any]
     """The record as parsed, with `custom_id` filled in."""
+
+    @property
+    def refused(self) -> bool:
+        """The record was refused at submission (`REFUSED_FIELD`): it holds no input and does not run."""
+        return REFUSED_FIELD in self.data

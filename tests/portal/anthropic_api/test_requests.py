@@ -1,4 +1,5 @@
-"""A message batch request's Messages API params as a chat record and the chat engine's params."""
+"""A message batch request's Messages API params as a chat record and the chat engine's params; what malforms the
+request itself (and so the batch) apart from what is wrong in its params (which errors that request alone)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from portal.anthropic_api.formats.requests import RequestRefused, anthropic_field, convert_request
+from portal.anthropic_api.formats.requests import (
+    ChatRequest,
+    RequestRefused,
+    anthropic_field,
+    convert_request,
+    request_parts,
+)
 
 OLD, NEW = "2023-06-01", "2026-10-21"
 
@@ -16,14 +23,19 @@ def request(**params: Any) -> dict[str, Any]:
     return {"custom_id": "req-1", "params": {key: value for key, value in body.items() if value is not ...}}
 
 
+def convert(value: Any, version: str = OLD) -> ChatRequest:
+    custom_id, params = request_parts(value)
+    return convert_request(custom_id, params, version=version)
+
+
 def refusal(value: Any, version: str = OLD) -> RequestRefused:
     with pytest.raises(RequestRefused) as refused:
-        convert_request(value, version=version)
+        convert(value, version)
     return refused.value
 
 
 def test_a_request_of_text_becomes_a_chat_record_with_the_system_prompt_first_and_engine_params() -> None:
-    converted = convert_request(
+    converted = convert(
         request(
             system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
             messages=[
@@ -40,7 +52,6 @@ def test_a_request_of_text_becomes_a_chat_record_with_the_system_prompt_first_an
             metadata={"user_id": "u-1"},
             stream=False,
         ),
-        version=OLD,
     )
 
     assert converted.custom_id == "req-1" and converted.model == "tiny-chat"
@@ -55,12 +66,11 @@ def test_a_request_of_text_becomes_a_chat_record_with_the_system_prompt_first_an
 
 def test_anthropic_tools_and_tool_choice_become_openai_function_tools() -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
-    converted = convert_request(
+    converted = convert(
         request(
             tools=[{"name": "weather", "description": "The weather.", "input_schema": schema}],
             tool_choice={"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
         ),
-        version=OLD,
     )
 
     assert converted.params["tools"] == [
@@ -69,7 +79,7 @@ def test_anthropic_tools_and_tool_choice_become_openai_function_tools() -> None:
     assert converted.params["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
     assert converted.params["parallel_tool_calls"] is False
     for choice, expected in (("auto", "auto"), ("any", "required"), ("none", "none")):
-        params = convert_request(
+        params = convert(
             request(tools=[{"name": "f", "input_schema": {}}], tool_choice={"type": choice}), version=OLD
         ).params
         assert params["tool_choice"] == expected
@@ -121,13 +131,35 @@ def test_a_request_that_cannot_run_is_refused_naming_the_field(value: Any, field
     assert words in refused.message
 
 
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ("not an object", ""),
+        ({"custom_id": "req 1", "params": {}}, "custom_id"),
+        ({"custom_id": "ok", "params": {}, "extra": 1}, "extra"),
+        ({"custom_id": "ok", "params": ["max_tokens"]}, "params"),
+    ],
+)
+def test_only_a_request_that_is_not_custom_id_and_params_is_refused_before_its_params_are_read(
+    value: Any, field: str
+) -> None:
+    with pytest.raises(RequestRefused) as refused:
+        request_parts(value)
+
+    assert refused.value.field == field
+    assert request_parts(request(max_tokens=-1, thinking={})) == (
+        "req-1",
+        request(max_tokens=-1, thinking={})["params"],
+    )
+
+
 @pytest.mark.parametrize("name", ["temperature", "top_p", "top_k"])
 def test_sampling_params_are_refused_under_2026_10_21_and_taken_under_2023_06_01(name: str) -> None:
     refused = refusal(request(**{name: 0.5}), NEW)
 
     assert refused.field == f"params.{name}"
     assert "Extra inputs are not permitted" in refused.message and OLD in refused.message
-    assert convert_request(request(**{name: 0.5}), version=OLD).params[name] == 0.5
+    assert convert(request(**{name: 0.5})).params[name] == 0.5
 
 
 def test_engine_field_names_are_given_back_in_the_requests_words() -> None:

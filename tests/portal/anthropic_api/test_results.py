@@ -85,3 +85,16 @@ def test_failed_records_are_errored_by_whose_fault_and_stopped_ones_canceled_or_
     assert outcome("out_of_memory")["error"]["error"]["type"] == "api_error"
     assert outcome("cancelled") == {"type": "canceled"}
     assert outcome("expired") == {"type": "expired"}
+
+
+def test_a_request_refused_at_creation_is_errored_as_an_invalid_request_with_its_own_message() -> None:
+    message = "params.max_tokens: max_tokens must be a positive integer, not -1"
+    line = result({"custom_id": "a", "error": {"code": "invalid_request", "message": message}})
+
+    assert line == {
+        "custom_id": "a",
+        "result": {
+            "type": "errored",
+            "error": {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+        },
+    }

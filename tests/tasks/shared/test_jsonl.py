@@ -148,3 +148,21 @@ def test_a_record_keeps_its_own_params_and_bad_ones_are_named_with_their_line() 
         "line 2: params must be a JSON object, got list",
         "line 3: params.micro_batch_size applies to the whole job and cannot be set on one record",
     ]
+
+
+def test_a_refused_record_is_kept_as_its_id_and_refusal_alone_and_a_refusal_must_be_text() -> None:
+    lines = [
+        json.dumps({"custom_id": "a", "refused": "params.max_tokens: must be at least 1", "params": {"top_k": 2}}),
+        json.dumps({"custom_id": "b", "refused": ""}),
+        json.dumps({"custom_id": "c", "messages": [{"role": "user", "content": "Hi"}], "refused": {"why": 1}}),
+    ]
+    check = JsonlCheck()
+    records = list(iter_jsonl(_stream(lines), input_field="messages", check=check))
+    assert [record.data for record in records] == [
+        {"custom_id": "a", "refused": "params.max_tokens: must be at least 1"}
+    ]
+    assert records[0].refused
+    assert [str(problem) for problem in check.problems] == [
+        "line 2: refused must be a non-empty string: why the record cannot run",
+        "line 3: refused must be a non-empty string: why the record cannot run",
+    ]

@@ -60,3 +60,14 @@ def test_the_tally_counts_records_and_tokens_per_adapter() -> None:
     lines = [Line("a", None, 5, 2), Line("b", None, 4, 1), Line("c", "engine_error", 0, 0)]
     assert list(tally.count(lines)) == lines
     assert tally.usage == {"alpha@2": [1, 1, 5, 2], BASE_MODEL: [1, 0, 4, 1]}
+
+
+def test_a_refused_record_is_an_item_carrying_its_refusal_on_no_adapter() -> None:
+    records = [
+        {"custom_id": "a", "prompt": "p", "model": "alpha"},
+        {"custom_id": "b", "refused": "params.model: no enabled model or adapter named 'x'"},
+    ]
+    items, keys = record_items(_spec(adapters={"alpha": ALPHA}), records)
+
+    assert items[1] == ("b", None, None, "params.model: no enabled model or adapter named 'x'")
+    assert keys == {"a": "alpha@2"}

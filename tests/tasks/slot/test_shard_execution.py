@@ -112,6 +112,29 @@ def test_a_record_over_the_models_length_gets_input_too_long_unless_its_params_a
     assert cut["response"]["usage"]["prompt_tokens"] == 256
 
 
+def test_a_refused_record_gets_its_refusal_as_its_error_line_in_its_place_and_the_others_run(
+    spec: ShardSpec, tmp_path: Path
+) -> None:
+    records = [
+        {"custom_id": "a", "input": "a sentence"},
+        {"custom_id": "refused", "refused": "params.dimensions: must be at least 1"},
+        {"custom_id": "c", "input": "another sentence"},
+    ]
+    shard_input = tmp_path / "input" / "refused.jsonl"
+    shard_input.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    manifest = execute_shard(replace(spec, record_count=3, input_uri=shard_input.as_uri()), worker="w1")
+
+    lines = [orjson.loads(line) for line in Path(manifest.output_uri.removeprefix("file://")).read_bytes().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["a", "refused", "c"]
+    assert lines[1] == {
+        "custom_id": "refused",
+        "error": {"code": "invalid_request", "message": "params.dimensions: must be at least 1"},
+    }
+    assert (manifest.succeeded, manifest.failed) == (2, 1)
+    assert manifest.error_codes == {"invalid_request": 1} and manifest.prompt_tokens > 0
+
+
 def test_a_redelivered_shard_returns_the_committed_manifest_and_writes_nothing(spec: ShardSpec, tmp_path: Path) -> None:
     first = execute_shard(spec, worker="w1")
     attempts = sorted((tmp_path / "shards" / "00000" / "attempts").iterdir())
