@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuworkers import metrics, settings
-from gpuworkers.engines.base import Engine, HoldsAdapters, create_engine
+from gpuworkers.engines.base import Engine, HoldsAdapters, SharesProcessState, create_engine
 from gpuworkers.spec import ModelSpec
 from gpuworkers.weights.digest import ModelDigest, model_digest
 from gpuworkers.weights.holds import LoadScope, load_scope
@@ -116,6 +116,7 @@ class ModelCache:
             with load_scope(spec.name) as weights:
                 try:
                     engine = self._engine_factory(spec)
+                    self._evict_sharing(engine)
                     engine.load(device=device)
                     # Read where the engine read its weights (an s3:// source's cache entry, held).
                     files = model_digest(spec, resolved=weights.resolved)
@@ -191,13 +192,24 @@ class ModelCache:
         for key in list(self._entries):
             if self._resident_bytes() + needed <= budget:
                 return
-            if key == keep:
-                continue
-            entry = self._entries.pop(key)
-            entry.unload()
-            self._evictions += 1
-            metrics.MODEL_CACHE_EVICTIONS.labels(*metrics.model_labels(key[0])).inc()
-            logger.info("evicted model %s:%s (%d bytes) from the warm cache", *key, entry.size)
+            if key != keep:
+                self._evict(key)
+
+    def _evict_sharing(self, engine: Engine) -> None:
+        """Unload the resident engines that hold the process-wide state `engine` will hold (`SharesProcessState`)."""
+        state = engine.process_state() if isinstance(engine, SharesProcessState) else None
+        if state is None:
+            return
+        for key, entry in list(self._entries.items()):
+            if isinstance(entry.engine, SharesProcessState) and entry.engine.process_state() == state:
+                self._evict(key)
+
+    def _evict(self, key: CacheKey) -> None:
+        entry = self._entries.pop(key)
+        entry.unload()
+        self._evictions += 1
+        metrics.MODEL_CACHE_EVICTIONS.labels(*metrics.model_labels(key[0])).inc()
+        logger.info("evicted model %s:%s (%d bytes) from the warm cache", *key, entry.size)
 
 
 _process_cache: ModelCache | None = None

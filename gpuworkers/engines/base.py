@@ -73,6 +73,16 @@ class HoldsAdapters(Protocol):
         """Fingerprints (`gpuworkers.spec.AdapterSpec.fingerprint`) of the adapters loaded now."""
 
 
+@runtime_checkable
+class SharesProcessState(Protocol):
+    """An engine whose loaded model holds state its whole process shares with others of its kind, so that only one
+    of them may be loaded in a process at a time (vLLM's CPU build: its engines' distributed state, which each
+    one's shutdown tears down). The warm cache unloads the others of a kind before it loads one."""
+
+    def process_state(self) -> str | None:
+        """The kind of process-wide state this engine holds once loaded; None where it holds none."""
+
+
 def over_limit(tokens: Sequence[int], limit: int | None, *, truncatable: bool = True) -> list[str | None]:
     """`LengthLimited.too_long`'s answer for inputs of these token counts against a limit (None: no limit)."""
     hint = " (truncate: true cuts it to fit)" if truncatable else ""

@@ -60,9 +60,6 @@ cache's whole budget, since vLLM fills what it is given with KV cache."""
 
 _RESERVED_LOAD_PARAMS = frozenset({"model", "tensor_parallel_size"})
 
-_LOADED: set[int] = set()
-"""The engines of this process that hold a loaded vLLM (by id)."""
-
 DEFAULT_MAX_TOKENS = 16
 """``SamplingParams``' own ``max_tokens`` (and OpenAI's completions default), used when a request gives none."""
 
@@ -130,7 +127,6 @@ class VllmEngine:
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
         self._vllm, self._llm = vllm, llm
-        _LOADED.add(id(self))
         try:
             self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
         except Exception:
@@ -262,6 +258,11 @@ class VllmEngine:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
+    def process_state(self) -> str | None:
+        """`SharesProcessState`: the CPU build's engines all live in the slot's process and share its distributed
+        state, which vLLM's shutdown of any of them tears down; a GPU build's each live in processes of their own."""
+        return "vllm-in-process" if vllm_platform.backend() == "cpu" else None
+
     def loaded_adapters(self) -> list[str]:
         """Fingerprints of the LoRA adapters given to vLLM in this process (`HoldsAdapters`)."""
         return self._loras.loaded
@@ -269,18 +270,20 @@ class VllmEngine:
     def unload(self) -> None:
         if self._llm is None:
             return
+        llm = self._llm
         self._llm = self._vllm = self._tool_parser = self._tool_parser_name = None
         if self._grammars is not None:
             self._grammars.close()
             self._grammars = None
         self._memory_bytes = 0
-        _LOADED.discard(id(self))
-        # vLLM's finalizers stop its engine-core process once the LLM is unreachable; collect it now.
+        # vLLM's own shutdown, now: its finalizers run only once the engine is collected, which its gc.freeze()
+        # puts off until another engine's shutdown, which would tear down the state that one relies on.
+        shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
         gc.collect()
-        if not _LOADED:
-            # The process's one distributed state, which every engine in it shares (the CPU build's all live in
-            # the slot's process): torn down with the last of them.
-            _destroy_distributed_state()
+        _destroy_distributed_state()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()

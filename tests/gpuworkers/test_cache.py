@@ -176,3 +176,26 @@ def test_the_process_has_one_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert process_cache() is process_cache()
     assert isinstance(process_cache(), ModelCache)
+
+
+class StatefulEngine(SizedEngine):
+    """Holds the process-wide state named by ``spec.load_params["state"]`` once loaded (`SharesProcessState`)."""
+
+    def process_state(self) -> str | None:
+        return self.spec.load_params.get("state")
+
+
+def test_an_engine_of_process_wide_state_unloads_the_others_holding_it_first_and_leaves_the_rest() -> None:
+    cache = ModelCache(budget_bytes=100 * MB, engine_factory=StatefulEngine)
+    specs = [spec("first", state="engine-core"), spec("second", state="engine-core"), spec("other")]
+    for each in specs:  # each model's size known: a first load of an unknown size makes room for the whole budget
+        cache.get(each, device="cpu")
+    first = cache.get(specs[0], device="cpu").engine
+    assert cache.resident() == [("other", "1"), ("first", "1")]
+    evictions = cache.stats().evictions
+
+    second = cache.get(specs[1], device="cpu").engine
+
+    assert cache.resident() == [("other", "1"), ("second", "1")]
+    assert not first.loaded and second.loaded  # type: ignore[attr-defined]
+    assert cache.stats().evictions == evictions + 1
