@@ -283,7 +283,9 @@ class VllmEngine:
             shutdown()
         del llm
         gc.collect()
-        _destroy_distributed_state()
+        if self._backend != "cpu":
+            # In the CPU build's process, vLLM's shutdown has just done it.
+            _destroy_distributed_state()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
