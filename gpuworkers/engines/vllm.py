@@ -261,7 +261,11 @@ class VllmEngine:
     def process_state(self) -> str | None:
         """`SharesProcessState`: the CPU build's engines all live in the slot's process and share its distributed
         state, which vLLM's shutdown of any of them tears down; a GPU build's each live in processes of their own."""
-        return "vllm-in-process" if vllm_platform.backend() == "cpu" else None
+        try:
+            on_cpu = vllm_platform.backend() == "cpu"
+        except Exception:
+            return None  # no vLLM to import: load() says why
+        return "vllm-in-process" if on_cpu else None
 
     def loaded_adapters(self) -> list[str]:
         """Fingerprints of the LoRA adapters given to vLLM in this process (`HoldsAdapters`)."""
