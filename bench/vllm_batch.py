@@ -313,7 +313,7 @@ def render_vllm_batch(bench: VllmBatchBench) -> str:
 
     def row(label: str, seconds: float, answers: Answers, includes: str) -> str:
         return (
-            f"  {label:<24} {seconds:8.1f} {_rate(seconds, answers.succeeded):10.1f} "
+            f"  {label:<24} {seconds:8.2f} {_rate(seconds, answers.succeeded):10.1f} "
             f"{_rate(seconds, answers.completion_tokens):12.1f} {answers.completion_tokens:>13,} "
             f"{answers.errors:>6}  {includes}"
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.vllm_batch import BatcheryRun
-from bench.vllm_run_batch import Answers
+from bench.vllm_run_batch import Answers, CpuUse
 from tests.support.workers import manage_as_newcomer
 
 
@@ -22,6 +22,7 @@ def test_the_slot_is_idle_only_where_no_shard_runs() -> None:
         warmup_requests=0,
         shards=shards,
         answers=Answers(260, 0, 0, 0, {}),
+        cpu=CpuUse(5.2, 5.0, 5.5),
     )
 
     assert run.idle_between_shards_s == pytest.approx(0.2 + 0.5)
@@ -49,4 +50,5 @@ def test_the_bench_runs_the_same_requests_through_run_batch_and_batchery_and_pri
     tokens = re.search(r"output tokens: run-batch ([\d,]+), Batchery ([\d,]+) \(the same\)", out)
     assert tokens and tokens[1] == tokens[2], out
     assert re.search(r"first result +[\d.]+ s", out)
+    assert re.search(r"CPU: run-batch [\d.]+ s .*, Batchery [\d.]+ s .*the rest of the machine kept [\d.]+ cores", out)
     assert "rerun: python manage.py bench --only-vllm --vllm-requests 40" in out

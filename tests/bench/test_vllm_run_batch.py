@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bench.vllm_run_batch import read_answers, run_batch_flags, slot_engine_kwargs, slot_environment
+from bench.vllm_run_batch import CpuUse, read_answers, run_batch_flags, slot_engine_kwargs, slot_environment
 from gpuworkers.engines.vllm_platform import CPU_ENVIRONMENT
 from gpuworkers.settings import VLLM_CPU_KV_CACHE_BYTES
 from gpuworkers.slots import Slot
@@ -81,3 +81,8 @@ def test_an_output_file_is_counted_from_its_own_usage_and_errors() -> None:
     assert (answers.succeeded, answers.errors) == (2, 1)
     assert (answers.completion_tokens, answers.prompt_tokens) == (19, 14)
     assert answers.texts == {"a": "yes", "b": "no"}
+
+
+def test_the_rest_of_the_machine_is_what_it_kept_busy_beyond_the_sides_own_cpu() -> None:
+    assert CpuUse(wall_s=10.0, own_s=12.0, machine_s=17.0).others_cores == 0.5
+    assert CpuUse(wall_s=10.0, own_s=12.0, machine_s=11.0).others_cores == 0.0
