@@ -190,7 +190,8 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _wait_ready(base_url: str, stack: Stack, timeout_s: float = 60) -> None:
+def wait_ready(base_url: str, stack: Stack, timeout_s: float = 60) -> None:
+    """Block until the stack's portal at `base_url` answers its health check."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stack.check_alive()
@@ -234,7 +235,7 @@ def run_api_bench(
         queries = queries_per_request(key, job_id)
         stack.start()
         base_url = f"http://{address}"
-        _wait_ready(base_url, stack)
+        wait_ready(base_url, stack)
         asyncio.run(_load(base_url, key, job_id, clients=clients, seconds=1.0, pace_s=0.0))  # warm connections
         portal_pid = stack.processes["portal"].pid
         for pace_s in paces_s:

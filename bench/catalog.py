@@ -1,4 +1,4 @@
-"""The catalog side of the platform benchmarks: registering a `bench.engines` model.
+"""The catalog side of the platform benchmarks: registering a `bench.engines` model, or a vLLM model on disk.
 
 `bench_models` stays free of Django (the GPU workers import it to run the models); the benches that
 run jobs through those models register them here first.
@@ -46,4 +46,24 @@ def bench_class_model(*, name: str, gpu_class: str) -> Model:
             "is_default": False,
         },
     )
+    return model
+
+
+def bench_vllm_model_register(*, name: str, source: str, gpu_class: str, load_params: Mapping[str, Any]) -> Model:
+    """Create or update the vllm-engine chat model `name` (version 1) of the model directory `source` on
+    `gpu_class`, and publish the catalog so that workers see it."""
+    model, _ = Model.objects.update_or_create(
+        name=name,
+        version="1",
+        defaults={
+            "engine": Model.Engine.VLLM,
+            "task": Model.Task.CHAT,
+            "source": source,
+            "gpu_class": GpuClass.objects.get_or_create(name=gpu_class)[0],
+            "load_params": dict(load_params),
+            "default_params": {},
+            "is_default": False,
+        },
+    )
+    catalog_publish()
     return model

@@ -34,7 +34,7 @@ def first_result(*, tenant: Tenant, model_name: str, path: Path, timeout_s: floa
     job = job_submit(tenant=tenant, request=JobRequest(model_name=model_name, input_uri=str(path)))
     deadline = time.monotonic() + timeout_s
     try:
-        while (first := _first_committed(job)) is None:
+        while (first := first_committed(job)) is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job.id}: no shard committed {timeout_s:.0f} s after submission")
             time.sleep(0.05)  # the time comes from the shard's row: polling less often only disturbs less
@@ -46,7 +46,8 @@ def first_result(*, tenant: Tenant, model_name: str, path: Path, timeout_s: floa
     return FirstResult(input_bytes=path.stat().st_size, seconds=finished_at - submitted, shard_records=records)
 
 
-def _first_committed(job: Job) -> tuple[float, int] | None:
+def first_committed(job: Job) -> tuple[float, int] | None:
+    """The first committed shard's end (a Unix time) and its records, once one has committed; else None."""
     shard = job.shards.filter(status=ShardStatus.SUCCEEDED).order_by("finished_at").first()
     if shard is None or shard.finished_at is None:
         return None

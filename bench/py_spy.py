@@ -170,3 +170,13 @@ def tree_cpu_seconds(pid: int) -> float:
     except psutil.Error:
         return 0.0
     return sum(cpu_seconds_of(process) for process in [root, *children])
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine's cores have spent busy since boot (user, system, interrupts, stolen); the change
+    over a run, less the run's own processes' CPU, is what the rest of the machine took meanwhile."""
+    import psutil
+
+    times = psutil.cpu_times()
+    fields = ("user", "nice", "system", "irq", "softirq", "steal")
+    return sum(getattr(times, name, 0.0) for name in fields)

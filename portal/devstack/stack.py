@@ -60,6 +60,8 @@ class StackOptions:
     flower: bool = True
     flower_port: int = 5555
     cpu_slots: int | None = None
+    gpus: str | None = None
+    """The launcher's `--gpus` (device indexes such as `0`); None: every GPU NVML finds."""
     metrics_port: int = 9310
     """The launcher's /metrics port, on 127.0.0.1; 0 serves none."""
     loglevel: str = "WARNING"
@@ -245,6 +247,8 @@ class Stack:
         launch += ["--metrics-port", str(options.metrics_port), "--metrics-address", "127.0.0.1"]
         if options.cpu_slots:
             launch += ["--cpu-slots", str(options.cpu_slots)]
+        if options.gpus:
+            launch += ["--gpus", options.gpus]
         # The launcher drains on SIGTERM, orphaned too: each slot gets SIGTERM, which it takes as Celery's cold
         # shutdown (`gpuworkers.launcher.worker_env`), with no soft shutdown here, within the launcher's bound.
         self._spawn("gpuworkers", launch, stop_signal=signal.SIGTERM)

@@ -150,7 +150,7 @@ def _run_attempt(
     pinned_weights_check(spec, lookup)
     provenance = shard_provenance(spec, lookup, items)
     items = seeded_items(spec, items, params)
-    chunk = int(params.get("micro_batch_size", micro_batch_size()))
+    chunk = int(params.get("micro_batch_size", micro_batch_size(spec.model.engine)))
 
     def stopped() -> bool:
         # Cancelled or expired, or beaten: another attempt of this shard (a speculative copy of a

@@ -14,6 +14,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         "BATCHERY_DEVICE",
         "BATCHERY_TORCH_THREADS",
         "BATCHERY_MICRO_BATCH_SIZE",
+        "BATCHERY_VLLM_MICRO_BATCH_SIZE",
         "BATCHERY_CACHE_BUDGET_BYTES",
     ):
         monkeypatch.delenv(name, raising=False)
@@ -23,6 +24,17 @@ def test_defaults_apply_when_nothing_is_set() -> None:
     assert settings.torch_threads() == 0
     assert settings.micro_batch_size() == 256
     assert settings.cache_budget_bytes("cpu") == 8 * 1024**3
+
+
+def test_the_vllm_engine_takes_micro_batches_of_its_own_size_and_the_others_the_common_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert (settings.micro_batch_size("vllm"), settings.micro_batch_size("transformers")) == (1024, 256)
+
+    monkeypatch.setenv("BATCHERY_VLLM_MICRO_BATCH_SIZE", "512")
+    monkeypatch.setenv("BATCHERY_MICRO_BATCH_SIZE", "64")
+
+    assert (settings.micro_batch_size("vllm"), settings.micro_batch_size("sentence_transformers")) == (512, 64)
 
 
 def test_auto_device_is_cpu_on_a_machine_without_cuda() -> None:

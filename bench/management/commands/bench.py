@@ -11,7 +11,9 @@ database's size per million finished shards, and the retention sweep that remove
 whole-stack half (`--retention-shards`, `bench.retention`). `--skip-io` and `--only-io` run one half.
 Last, chat lines sharing long system prompts with the transformers engine's prefix reuse off and on
 (`--prefix-lines`, `bench.prefix`; `--only-prefix` runs it alone), and records/s of that engine with 0, 1, 4
-and 16 LoRA adapters on one base model (`--lora-records`, `bench.lora`; `--only-lora` runs it alone).
+and 16 LoRA adapters on one base model (`--lora-records`, `bench.lora`; `--only-lora` runs it alone). Then
+Batchery with one vLLM slot against `vllm run-batch` on the same chat requests (`--vllm-requests`,
+`--vllm-model-dir`, `bench.vllm_batch`; `--only-vllm` runs it alone).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from bench.prefix import render_prefix, run_prefix_bench
 from bench.reconcile import render_reconcile, run_reconcile_bench
 from bench.retention import render_retention, run_retention_bench
 from bench.scheduler_scale import render_scheduler, run_scheduler_bench
+from bench.vllm_batch import render_vllm_batch, run_vllm_batch_bench
 from gpuworkers.settings import micro_batch_size
 from portal.catalog.models import Model
 from portal.devstack.demo import write_demo_dataset
@@ -234,11 +237,25 @@ class Command(BaseCommand):
             default=1_500,
             help="prompts run on the base model alone, then spread over 1, 4 and 16 LoRA adapters (0: skip)",
         )
+        parser.add_argument(
+            "--vllm-requests",
+            type=int,
+            default=5_000,
+            help="chat requests run by `vllm run-batch` and by Batchery with one vLLM slot (0: skip)",
+        )
+        parser.add_argument(
+            "--vllm-model-dir",
+            type=Path,
+            default=None,
+            help="the model of that run: a directory with a config.json is used as given; any other gets the tiny "
+            "test Llama built there (default: built under var/bench/vllm)",
+        )
         halves = parser.add_mutually_exclusive_group()
         halves.add_argument("--skip-io", action="store_true", help="only the whole-stack benchmark")
         halves.add_argument("--only-io", action="store_true", help="only the planning and merging benchmark")
         halves.add_argument("--only-prefix", action="store_true", help="only the prefix reuse benchmark")
         halves.add_argument("--only-lora", action="store_true", help="only the LoRA adapters benchmark")
+        halves.add_argument("--only-vllm", action="store_true", help="only Batchery against vllm run-batch")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["only_prefix"]:
@@ -249,6 +266,9 @@ class Command(BaseCommand):
                 self.stdout.write(render_lora(run_lora_bench(records=options["lora_records"])))
             return
         call_command("migrate", verbosity=0)
+        if options["only_vllm"]:
+            self.vllm_bench(options)
+            return
         if not options["only_io"]:
             with shared_broker():
                 if options["sentences"]:
@@ -283,6 +303,17 @@ class Command(BaseCommand):
         if options["lora_records"]:
             self.stdout.write("")
             self.stdout.write(render_lora(run_lora_bench(records=options["lora_records"])))
+        self.vllm_bench(options)
+
+    def vllm_bench(self, options: dict[str, Any]) -> None:
+        if not options["vllm_requests"]:
+            return
+        self.stdout.write("")
+        with shared_broker():
+            bench = run_vllm_batch_bench(
+                requests=options["vllm_requests"], model_dir=options["vllm_model_dir"], say=self.stdout.write
+            )
+        self.stdout.write(render_vllm_batch(bench))
 
     def metrics_bench(self, options: dict[str, Any]) -> None:
         count = options["metrics_sentences"]

@@ -12,11 +12,14 @@ import orjson
 import pytest
 from redis.client import Pipeline
 
+from gpuworkers import cache as cache_module
+from gpuworkers.cache import ModelCache
 from gpuworkers.spec import ModelSpec
 from tasks.shared.leases import lease_holder, shard_lease_key
 from tasks.shared.specs import ShardSpec, read_commit
 from tasks.shared.storage.local import LocalStore
 from tasks.slot.shard_execution import execute_shard, start_attempt
+from tests.gpuworkers.echo_engines import EchoEngine
 
 MINILM = ModelSpec(
     name="all-MiniLM-L6-v2",
@@ -247,3 +250,38 @@ def test_each_attempt_takes_the_next_numbered_marker_racing_attempts_each_their_
     markers = sorted((tmp_path / "shards" / "00000" / "started").iterdir())
     assert [marker.name for marker in markers] == [f"{n:04d}" for n in range(1, 12)]
     assert markers[0].read_text() == "w1:a0", "each marker names its worker and attempt"
+
+
+@pytest.mark.parametrize(
+    ("engine", "params", "batches"),
+    [
+        ("vllm", {}, [3, 3, 1]),
+        ("transformers", {}, [2, 2, 2, 1]),
+        ("vllm", {"micro_batch_size": 4}, [4, 3]),
+    ],
+)
+def test_a_shard_runs_micro_batches_of_its_engines_default_size_unless_its_job_sets_one(
+    spec: ShardSpec,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    params: dict[str, int],
+    batches: list[int],
+) -> None:
+    """vLLM drains its running batch at the end of each call: its micro-batches are several of its scheduler's
+    batches (BATCHERY_VLLM_MICRO_BATCH_SIZE), the other engines' BATCHERY_MICRO_BATCH_SIZE."""
+    monkeypatch.setenv("BATCHERY_VLLM_MICRO_BATCH_SIZE", "3")
+    monkeypatch.setenv("BATCHERY_MICRO_BATCH_SIZE", "2")
+    echo = EchoEngine()
+    monkeypatch.setattr(cache_module, "_process_cache", ModelCache(engine_factory=lambda _: echo))
+    prompts = tmp_path / "input" / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"custom_id": f"p{n}", "prompt": f"prompt {n}"}) + "\n" for n in range(7)))
+    model = ModelSpec(name="echo", version="1", engine=engine, task="generate", source=str(tmp_path / "none"))
+
+    manifest = execute_shard(
+        replace(spec, model=model, record_count=7, input_uri=prompts.as_uri(), input_field="prompt", params=params),
+        worker="w1",
+    )
+
+    assert manifest.succeeded == 7
+    assert [len(batch) for batch in echo.batches] == batches
