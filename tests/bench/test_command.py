@@ -103,3 +103,13 @@ def test_a_rerun_line_runs_its_part_alone(part: str) -> None:
 def test_a_rerun_line_refuses_what_is_not_a_part() -> None:
     with pytest.raises(ValueError, match="not a part of the benchmark: slots"):
         rerun_line(slots=2)
+
+
+def test_batchery_against_vllm_run_batch_runs_5000_requests_by_default_and_0_skips_it() -> None:
+    options = Command().create_parser("manage.py", "bench").parse_args([])
+    out = io.StringIO()
+
+    Command(stdout=out).vllm_bench({"vllm_requests": 0, "vllm_model_dir": None})
+
+    assert (options.vllm_requests, options.vllm_model_dir, options.only_vllm) == (5_000, None, False)
+    assert out.getvalue() == ""

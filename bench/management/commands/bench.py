@@ -303,7 +303,8 @@ class Command(BaseCommand):
         if options["lora_records"]:
             self.stdout.write("")
             self.stdout.write(render_lora(run_lora_bench(records=options["lora_records"])))
-        self.vllm_bench(options)
+        if not options["only_io"]:
+            self.vllm_bench(options)
 
     def vllm_bench(self, options: dict[str, Any]) -> None:
         if not options["vllm_requests"]:
