@@ -11,16 +11,14 @@ are timed apart on a fresh copy of the base model.
 
 from __future__ import annotations
 
-import os
 import random
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.environment import environment
 from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.lora import LoraAdapters
@@ -103,7 +101,7 @@ def run_lora_bench(
     threads_before = torch.get_num_threads()
     with (
         tempfile.TemporaryDirectory(prefix="bench-lora-") as directory,
-        _environment({MAX_LORAS.name: str(sum(adapter_counts)), TORCH_THREADS.name: str(TORCH_THREADS_USED)}),
+        environment({MAX_LORAS.name: str(sum(adapter_counts)), TORCH_THREADS.name: str(TORCH_THREADS_USED)}),
     ):
         # A token a character: the longest prompt (10 words of up to 7 letters) and its completion fit.
         source = build_tiny_causal_lm(
@@ -124,21 +122,6 @@ def run_lora_bench(
             engine.unload()
             torch.set_num_threads(threads_before)
     return LoraBench(records, max_tokens, layers, width, weights_bytes, threads, micro_batch_size(), runs)
-
-
-@contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """The environment with ``values`` set, as it was afterwards."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _adapter_sets(source: Path, directory: Path, counts: tuple[int, ...]) -> list[list[dict[str, Any]]]:

