@@ -40,6 +40,7 @@ from bench.api import wait_ready
 from bench.catalog import bench_vllm_model_register
 from bench.first_result import first_committed
 from bench.py_spy import machine_busy_seconds, tree_cpu_seconds
+from bench.vllm_feed import FeedRun, render_feed, run_feed_child
 from bench.vllm_run_batch import (
     READY_LINE,
     Answers,
@@ -114,6 +115,8 @@ class VllmBatchBench:
     same_replies: int = 0
     """Requests both sides answered with the same text."""
     versions: dict[str, str] = field(default_factory=dict)
+    feed: list[FeedRun] = field(default_factory=list)
+    """The engine one micro-batch at a time and queued ahead (`bench.vllm_feed`)."""
 
 
 def run_vllm_batch_bench(
@@ -168,6 +171,8 @@ def run_vllm_batch_bench(
         say=say,
     )
     same = sum(text == batchery.answers.texts.get(custom_id) for custom_id, text in run_batch.answers.texts.items())
+    say(f"vllm batch: the engine one micro-batch at a time and queued ahead, {requests:,} requests ...")
+    feed = run_feed_child(model_dir, requests, load_params=load_params, environment=environment)
     return VllmBatchBench(
         requests=requests,
         max_tokens=max_tokens,
@@ -180,6 +185,7 @@ def run_vllm_batch_bench(
         batchery=batchery,
         same_replies=same,
         versions={"vllm": vllm_version()},
+        feed=feed,
     )
 
 
@@ -365,6 +371,8 @@ def render_vllm_batch(bench: VllmBatchBench) -> str:
         f"Batchery (of {os.cpu_count()}; a loaded machine slows the side it loads)"
     )
     lines.append(_timeline(batchery))
+    if bench.feed:
+        lines.append(render_feed(bench.feed))
     lines.append(f"rerun: python manage.py bench --only-vllm --vllm-requests {bench.requests}")
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gpuworkers.engines.base import Engine
+from gpuworkers.engines.base import Engine, Pipelined, Submitted
 from gpuworkers.faults import StickyDeviceError, is_sticky_device_error, raised_from
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,9 @@ class Item(NamedTuple):
 Items = Sequence[Item | tuple[str, Any]]
 """Records to run: `Item`s, or ``(custom_id, value)`` pairs that run with the job's params alone."""
 
+SubmitRequests = Callable[[Sequence[Any], Sequence[Mapping[str, Any]]], Submitted]
+"""`Pipelined.submit_requests`."""
+
 
 def merged_params(job: Mapping[str, Any], own: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """A record's params: the job's, overridden by the record's own; a null leaves the field out."""
@@ -143,6 +146,20 @@ def run_records(
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be at least 1, not {micro_batch_size}")
     sort_key = _window_sort_key(engine, params)
+    if sort_key is None and isinstance(engine, Pipelined):
+        yield from _run_pipelined(
+            engine,
+            engine.submit_requests,
+            items,
+            params=params,
+            micro_batch_size=micro_batch_size,
+            on_progress=on_progress,
+            should_stop=should_stop,
+            on_out_of_memory_split=on_out_of_memory_split,
+            on_micro_batch=on_micro_batch,
+            propagate=propagate,
+        )
+        return
     sorting = sort_key is not None
     window = micro_batch_size * (LENGTH_SORT_WINDOW if sorting else 1)
     done = errors = 0
@@ -171,6 +188,109 @@ def run_records(
             for position, index in enumerate(order):
                 restored[index] = ran[position]
             yield from restored
+
+
+def _run_pipelined(
+    engine: Engine,
+    submit: SubmitRequests,
+    items: Items,
+    *,
+    params: Mapping[str, Any],
+    micro_batch_size: int,
+    on_progress: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+    on_out_of_memory_split: Callable[[int], None] | None,
+    on_micro_batch: Callable[[int], None] | None,
+    propagate: tuple[type[BaseException], ...],
+) -> Iterator[RecordResult]:
+    """`run_records` for a `Pipelined` engine: each micro-batch is submitted before the results of the one before
+    are read, so the engine's queue holds the next micro-batch's requests while the last one's finish. A
+    micro-batch whose submission or results fail is run again as `_run_within_limits` runs one, its records
+    isolated. The micro-batch submitted ahead is taken back out of the engine when the run ends early."""
+    batches = [items[start : start + micro_batch_size] for start in range(0, len(items), micro_batch_size)]
+    if not batches:
+        return
+    done = errors = 0
+    ahead: _Submission | None = _submit(engine, submit, batches[0], params, on_micro_batch, propagate)
+    try:
+        for index in range(len(batches)):
+            current, ahead = ahead, None
+            assert current is not None
+            last = index + 1 == len(batches)
+            if not last and not (should_stop is not None and should_stop()):
+                ahead = _submit(engine, submit, batches[index + 1], params, on_micro_batch, propagate)
+            results = current.results(engine, params, on_out_of_memory_split, propagate)
+            yield from results
+            done += len(results)
+            errors += sum(result.error is not None for result in results)
+            if on_progress is not None:
+                on_progress(done, errors)
+            if ahead is None:
+                return
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+
+
+@dataclass
+class _Submission:
+    """A micro-batch submitted to a `Pipelined` engine: its records refused before running, by index, and the
+    engine's handle on the others (None where submitting failed: they run again when their results are read)."""
+
+    items: Items
+    refused: dict[int, dict[str, str]]
+    fitting: Items
+    submitted: Submitted | None
+
+    def results(
+        self,
+        engine: Engine,
+        params: Mapping[str, Any],
+        on_split: Callable[[int], None] | None,
+        propagate: tuple[type[BaseException], ...],
+    ) -> list[RecordResult]:
+        ran: list[RecordResult] = []
+        if self.fitting:
+            outcome: list[dict[str, Any]] | _Failure | None = None
+            submitted = self.submitted
+            if submitted is not None:
+                outcome = _guarded(lambda: _checked(submitted.result(), len(self.fitting)), propagate)
+            ran = _run_micro_batch(engine, self.fitting, params, on_split, propagate, outcome=outcome)
+        answered = iter(ran)
+        return [
+            RecordResult(item[0], None, self.refused[index]) if index in self.refused else next(answered)
+            for index, item in enumerate(self.items)
+        ]
+
+    def cancel(self) -> None:
+        if self.submitted is not None:
+            self.submitted.cancel()
+
+
+def _submit(
+    engine: Engine,
+    submit: SubmitRequests,
+    items: Items,
+    params: Mapping[str, Any],
+    on_micro_batch: Callable[[int], None] | None,
+    propagate: tuple[type[BaseException], ...],
+) -> _Submission:
+    if on_micro_batch is not None:
+        on_micro_batch(len(items))
+    refused = _refused(engine, items, params)
+    fitting = [item for index, item in enumerate(items) if index not in refused]
+    submitted = None
+    if fitting:
+        own = [merged_params(params, item[2] if len(item) > 2 else None) for item in fitting]
+        try:
+            submitted = submit([item[1] for item in fitting], own)
+        except Exception as exc:
+            # Its records run again one by one when its results are read: the error is a record's, or the device's.
+            if raised_from(exc, propagate):
+                raise
+            if is_sticky_device_error(exc):
+                raise StickyDeviceError(f"the device's context is broken: {_describe(exc)}") from exc
+    return _Submission(items=items, refused=refused, fitting=fitting, submitted=submitted)
 
 
 def _window_sort_key(engine: Engine, params: Mapping[str, Any]) -> Callable[[Any], Any] | None:
@@ -208,14 +328,7 @@ def _run_within_limits(
 ) -> list[RecordResult]:
     """Refuse the records refused at submission and those longer than the model takes, each with its own error,
     and run the others."""
-    refused = {
-        index: {"code": INVALID_REQUEST, "message": item[3]}
-        for index, item in enumerate(items)
-        if len(item) > 3 and item[3] is not None
-    }
-    # A refused record has no input to measure.
-    for index, message in _too_long(engine, items, params, skip=refused).items():
-        refused[index] = {"code": INPUT_TOO_LONG, "message": message}
+    refused = _refused(engine, items, params)
     if not refused:
         return _run_micro_batch(engine, items, params, on_split, propagate)
     fitting = [item for index, item in enumerate(items) if index not in refused]
@@ -226,7 +339,20 @@ def _run_within_limits(
     ]
 
 
-def _too_long(engine: Engine, items: Items, params: Mapping[str, Any], skip: Collection[int]) -> dict[int, str]:
+def _refused(engine: Any, items: Items, params: Mapping[str, Any]) -> dict[int, dict[str, str]]:
+    """The records that do not run, by index, each with its error: refused at submission, or too long."""
+    refused = {
+        index: {"code": INVALID_REQUEST, "message": item[3]}
+        for index, item in enumerate(items)
+        if len(item) > 3 and item[3] is not None
+    }
+    # A refused record has no input to measure.
+    for index, message in _too_long(engine, items, params, skip=refused).items():
+        refused[index] = {"code": INPUT_TOO_LONG, "message": message}
+    return refused
+
+
+def _too_long(engine: Any, items: Items, params: Mapping[str, Any], skip: Collection[int]) -> dict[int, str]:
     """The items over the model's limit, by index, each with its message; those at `skip` are not measured."""
     # Checked before the engine runs: a model silently truncating the record, or one failing the whole
     # micro-batch over it, would both be wrong (the first changes the answer, the second costs a bisection).
@@ -270,8 +396,12 @@ def _run_micro_batch(
     params: Mapping[str, Any],
     on_split: Callable[[int], None] | None,
     propagate: tuple[type[BaseException], ...] = (),
+    *,
+    outcome: list[dict[str, Any]] | _Failure | None = None,
 ) -> list[RecordResult]:
-    outcome = _attempt(engine, items, params, propagate)
+    """Run the records, isolating those that fail; `outcome`, where given, is this very run's, already made."""
+    if outcome is None:
+        outcome = _attempt(engine, items, params, propagate)
     if not isinstance(outcome, _Failure):
         return [RecordResult(item[0], response, None) for item, response in zip(items, outcome, strict=True)]
     if outcome.code == OUT_OF_MEMORY:
@@ -301,10 +431,17 @@ def _run_micro_batch(
 def _attempt(
     engine: Engine, items: Items, params: Mapping[str, Any], propagate: tuple[type[BaseException], ...] = ()
 ) -> list[dict[str, Any]] | _Failure:
+    return _guarded(lambda: _checked_run(engine, items, params), propagate)
+
+
+def _guarded(
+    run: Callable[[], list[dict[str, Any]]], propagate: tuple[type[BaseException], ...]
+) -> list[dict[str, Any]] | _Failure:
+    """``run()``'s responses, or its failure as a plain value."""
     # The exception is turned into a plain value before returning: its traceback holds the engine's
     # frames and, through them, the tensors of the failed batch, which must be gone before a retry.
     try:
-        return _checked_run(engine, items, params)
+        return run()
     except Exception as exc:
         if raised_from(exc, propagate):
             raise

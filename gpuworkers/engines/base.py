@@ -64,6 +64,39 @@ class SharesPrefixes(Protocol):
         """Whether inputs run with ``params`` gain from sharing a micro-batch with those of the same prefix."""
 
 
+class Submitted(Protocol):
+    """A micro-batch's requests in an engine's queue (`Pipelined.submit_requests`)."""
+
+    def result(self) -> list[dict[str, Any]]:
+        """One response per input, in input order, once the engine has run them."""
+
+    def cancel(self) -> None:
+        """Take the requests out of the engine's queue: their results will not be asked for."""
+
+
+class Answered:
+    """`Submitted` for a micro-batch already run where it was submitted (an engine that cannot queue it)."""
+
+    def __init__(self, responses: list[dict[str, Any]]) -> None:
+        self._responses = responses
+
+    def result(self) -> list[dict[str, Any]]:
+        return self._responses
+
+    def cancel(self) -> None:
+        return None
+
+
+@runtime_checkable
+class Pipelined(Protocol):
+    """An engine with a scheduler of its own that takes a micro-batch's requests while the one before still runs
+    (vLLM's continuous batching): `gpuworkers.batching` submits the next micro-batch before it reads the results
+    of the last, so that the engine's batch never drains between two micro-batches."""
+
+    def submit_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> Submitted:
+        """Queue these inputs, each with its own params, and return at once."""
+
+
 @runtime_checkable
 class HoldsAdapters(Protocol):
     """An engine that keeps LoRA adapters loaded beside its model: a slot's heartbeat reports them, so that

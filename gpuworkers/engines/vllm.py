@@ -1,9 +1,11 @@
 """The ``vllm`` engine: LLM generation, chat and embeddings with vLLM's continuous batching.
 
-A whole micro-batch goes to vLLM in one call (`LLM.generate`, `LLM.chat` or `LLM.embed`): vLLM's
-scheduler then keeps the GPU full across prompts of different lengths, and hands the outputs back in
-input order. The model is tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``); on a ``cpu`` slot,
-vLLM's CPU build runs it in the slot's process (`gpuworkers.engines.vllm_platform`).
+A micro-batch's prompts join vLLM's queue at once (`submit_requests`: `LLM.enqueue`, `LLM.enqueue_chat`), and
+the engine is stepped until they have finished (`gpuworkers.engines.vllm_feed`): the slot submits the next
+micro-batch before it reads this one's outputs, so vLLM's scheduler keeps the device full across prompts of
+different lengths and across micro-batches. Embeddings go in one call (`LLM.embed`). The model is
+tensor-parallel across the slot's GPUs (``CUDA_VISIBLE_DEVICES``); on a ``cpu`` slot, vLLM's CPU build runs it in
+the slot's process (`gpuworkers.engines.vllm_platform`).
 
 Responses: tasks ``generate`` and ``chat`` give ``{"text", "finish_reason", "usage": {"prompt_tokens",
 "completion_tokens", "prompt_tokens_details": {"cached_tokens"}}}`` (the prompt tokens vLLM's automatic
@@ -25,16 +27,26 @@ import logging
 import os
 import sys
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from gpuworkers import settings
 from gpuworkers.engines import vllm_platform
-from gpuworkers.engines.base import ADAPTER_PARAM, EngineLoadError, over_limit, require_embedding_inputs
+from gpuworkers.engines.base import (
+    ADAPTER_PARAM,
+    Answered,
+    EngineLoadError,
+    Submitted,
+    over_limit,
+    require_embedding_inputs,
+)
 from gpuworkers.engines.grammar_gate import GrammarGate
 from gpuworkers.engines.media import confine_media_fetches, require_fetch_free
 from gpuworkers.engines.messages import require_messages
 from gpuworkers.engines.sampling import greedy_copies, is_int, sampling_kwargs
 from gpuworkers.engines.tools import ToolCalls, reply_format, tool_calls, tools_key
+from gpuworkers.engines.vllm_feed import Occupancy, VllmFeed
 from gpuworkers.engines.vllm_lora import VllmLoras, lora_kwargs
 from gpuworkers.engines.vllm_outputs import completion_response, embedding_response
 from gpuworkers.engines.vllm_tools import (
@@ -84,6 +96,7 @@ class VllmEngine:
         # Any: vllm is an optional extra, absent where the type checker runs.
         self._vllm: Any = None
         self._llm: Any = None
+        self._feed: VllmFeed | None = None
         self._tool_parser: Any = None
         self._tool_parser_name: str | None = None
         self._memory_bytes = 0
@@ -126,7 +139,7 @@ class VllmEngine:
             raise EngineLoadError(
                 f"vllm cannot load {self.spec.name!r} from {kwargs['model']}: {type(exc).__name__}: {exc}"
             ) from exc
-        self._vllm, self._llm = vllm, llm
+        self._vllm, self._llm, self._feed = vllm, llm, VllmFeed(llm)
         try:
             self._tool_parser = None if parser_class is None else tool_parser(parser_class, llm.get_tokenizer())
         except Exception:
@@ -145,59 +158,116 @@ class VllmEngine:
         return self.run_requests(inputs, [params] * len(inputs))
 
     def run_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Run a micro-batch whose prompts each have their own params, in one vLLM call.
+        """Run a micro-batch whose prompts each have their own params: `submit_requests`, then its result."""
+        return self.submit_requests(inputs, params).result()
 
-        vLLM takes one ``SamplingParams`` per prompt, so prompts of different ``max_tokens``, seeds or
-        response formats still share the continuous batch.
-        """
+    def submit_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> Submitted:
+        """Add a micro-batch's prompts to the engine's queue, each with its own ``SamplingParams`` (prompts of
+        different ``max_tokens``, seeds or response formats share the continuous batch), and return at once
+        (`Pipelined`). Embeddings run here and now: vLLM queues generation requests only."""
         llm = self._loaded()
         items = list(inputs)
         if not items:
-            return []
+            return Answered([])
         if self.spec.task == "embed":
-            tokenizer = llm.get_tokenizer()
-            cut = [own.get("truncate") is True for own in params]
-            limit = int(llm.llm_engine.model_config.max_model_len) if any(cut) else None
-            prompts = [
-                _embedding_prompt(item, tokenizer, limit if truncate else None)
-                for item, truncate in zip(require_embedding_inputs(items, len(tokenizer)), cut, strict=True)
-            ]
-            embeddings = [embedding_response(output) for output in llm.embed(prompts, use_tqdm=False)]
-            publish_vllm_metrics(llm)
-            return embeddings
+            return Answered(self._embed(llm, items, params))
+        requests = self._requests(items, params)
+        ids = self._enqueue(requests)
+        return _Queued(self, ids, requests)
+
+    def _embed(self, llm: Any, items: list[Any], params: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        tokenizer = llm.get_tokenizer()
+        cut = [own.get("truncate") is True for own in params]
+        limit = int(llm.llm_engine.model_config.max_model_len) if any(cut) else None
+        prompts = [
+            _embedding_prompt(item, tokenizer, limit if truncate else None)
+            for item, truncate in zip(require_embedding_inputs(items, len(tokenizer)), cut, strict=True)
+        ]
+        embeddings = [embedding_response(output) for output in llm.embed(prompts, use_tqdm=False)]
+        publish_vllm_metrics(llm)
+        return embeddings
+
+    def _requests(self, items: list[Any], params: Sequence[Mapping[str, Any]]) -> _Requests:
+        """The micro-batch as vLLM takes it: each prompt's ``SamplingParams``, adapter and tools."""
         kwargs = [sampling_kwargs(own) for own in params]
         copies = [greedy_copies(own) for own in kwargs]
         chat = self.spec.task == "chat"
         calls = [tool_calls(own, tool_parser=self._tool_parser_name) if chat else None for own in params]
         conversations = [require_fetch_free(require_messages(item)) for item in items] if chat else []
         # tool_choice auto: the request the model's tool parser reads the reply against, one per prompt.
-        requests: list[Any] = [None] * len(items)
+        auto: list[Any] = [None] * len(items)
         for index, call in enumerate(calls):
             if call is not None and call.parser is not None:
-                requests[index] = auto_request(
+                auto[index] = auto_request(
                     self._tool_parser, model=self.spec.name, messages=conversations[index], tools=call.tools
                 )
         sampling_params = [
             self._sampling_params(
                 {**own_kwargs, **(sampling_changes(request) if request is not None else {})}, reply_format(own, call)
             )
-            for own_kwargs, own, call, request in zip(kwargs, params, calls, requests, strict=True)
+            for own_kwargs, own, call, request in zip(kwargs, params, calls, auto, strict=True)
         ]
         loras = [self._loras.request(own.get(ADAPTER_PARAM)) for own in params]
-        lora = {"lora_request": loras} if any(request is not None for request in loras) else {}
+        return _Requests(
+            prompts=conversations if chat else _require_texts(items),
+            sampling_params=sampling_params,
+            loras=loras if any(request is not None for request in loras) else None,
+            calls=calls,
+            auto=auto,
+            kwargs=kwargs,
+            copies=copies,
+        )
+
+    def _enqueue(self, requests: _Requests) -> list[str]:
+        """Add the requests to vLLM's queue; return their ids in input order. A chat micro-batch goes in as one
+        call per distinct list of tools, since the chat template renders one list for all the conversations of a
+        call."""
+        feed = self._loaded_feed()
         if self.spec.task == "generate":
-            outputs = llm.generate(_require_texts(items), sampling_params=sampling_params, use_tqdm=False, **lora)
-        else:
-            outputs = _chat(llm, conversations, sampling_params, calls, loras if lora else None)
+            lora = {} if requests.loras is None else {"lora_request": requests.loras}
+            return feed.add(
+                lambda llm: llm.enqueue(
+                    requests.prompts, sampling_params=requests.sampling_params, use_tqdm=False, **lora
+                )
+            )
+        groups: dict[str, list[int]] = {}
+        for index, call in enumerate(requests.calls):
+            groups.setdefault(tools_key(call.tools if call else None), []).append(index)
+        ids: list[str] = [""] * len(requests.prompts)
+        added: list[str] = []
+        try:
+            for indices in groups.values():
+                call = requests.calls[indices[0]]
+                extra: dict[str, Any] = {"tools": list(call.tools)} if call is not None else {}
+                if requests.loras is not None:
+                    extra["lora_request"] = [requests.loras[index] for index in indices]
+                group = feed.add(
+                    partial(
+                        _enqueue_chat,
+                        [requests.prompts[index] for index in indices],
+                        [requests.sampling_params[index] for index in indices],
+                        extra,
+                    )
+                )
+                added.extend(group)
+                for index, request_id in zip(indices, group, strict=True):
+                    ids[index] = request_id
+        except BaseException:
+            feed.abort(added)
+            raise
+        return ids
+
+    def _responses(self, requests: _Requests, outputs: list[Any]) -> list[dict[str, Any]]:
+        """vLLM's outputs of a micro-batch as responses: usage, samples, tool calls read back."""
         shaped = [
             completion_response(output, top_logprobs=own_kwargs.get("logprobs"), copies=own_copies)
-            for output, own_kwargs, own_copies in zip(outputs, kwargs, copies, strict=True)
+            for output, own_kwargs, own_copies in zip(outputs, requests.kwargs, requests.copies, strict=True)
         ]
         responses = [
             self._with_tool_calls(response, call, request)
-            for response, call, request in zip(shaped, calls, requests, strict=True)
+            for response, call, request in zip(shaped, requests.calls, requests.auto, strict=True)
         ]
-        publish_vllm_metrics(llm)
+        publish_vllm_metrics(self._loaded())
         return responses
 
     def too_long(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> list[str | None]:
@@ -275,7 +345,7 @@ class VllmEngine:
         if self._llm is None:
             return
         llm = self._llm
-        self._llm = self._vllm = self._tool_parser = self._tool_parser_name = None
+        self._llm = self._vllm = self._feed = self._tool_parser = self._tool_parser_name = None
         if self._grammars is not None:
             self._grammars.close()
             self._grammars = None
@@ -299,35 +369,51 @@ class VllmEngine:
             raise RuntimeError(f"engine for {self.spec.name!r} is not loaded; call load() first")
         return self._llm
 
+    def _loaded_feed(self) -> VllmFeed:
+        self._loaded()
+        assert self._feed is not None
+        return self._feed
 
-def _chat(
-    llm: Any,
-    conversations: list[Any],
-    sampling_params: list[Any],
-    calls: list[ToolCalls | None],
-    loras: list[Any] | None = None,
-) -> list[Any]:
-    """``llm.chat`` over the micro-batch: one call, or one per distinct list of tools, since the chat
-    template renders one list for all the conversations of a call; ``loras``, when given, each
-    conversation's adapter request."""
-    groups: dict[str, list[int]] = {}
-    for index, call in enumerate(calls):
-        groups.setdefault(tools_key(call.tools if call else None), []).append(index)
-    outputs: list[Any] = [None] * len(conversations)
-    for indices in groups.values():
-        call = calls[indices[0]]
-        extra: dict[str, Any] = {"tools": list(call.tools)} if call is not None else {}
-        if loras is not None:
-            extra["lora_request"] = [loras[index] for index in indices]
-        answered = llm.chat(
-            [conversations[index] for index in indices],
-            sampling_params=[sampling_params[index] for index in indices],
-            use_tqdm=False,
-            **extra,
-        )
-        for index, output in zip(indices, answered, strict=True):
-            outputs[index] = output
-    return outputs
+    @property
+    def occupancy(self) -> Occupancy:
+        """What vLLM's engine held at each step this engine took (`VllmFeed.occupancy`)."""
+        return self._loaded_feed().occupancy
+
+
+def _enqueue_chat(conversations: list[Any], sampling_params: list[Any], extra: dict[str, Any], llm: Any) -> list[str]:
+    return list(llm.enqueue_chat(conversations, sampling_params=sampling_params, use_tqdm=False, **extra))
+
+
+@dataclass(frozen=True)
+class _Requests:
+    """A micro-batch as vLLM takes it (`VllmEngine._requests`), kept to read its outputs back."""
+
+    prompts: list[Any]
+    """Texts (generate) or conversations (chat)."""
+    sampling_params: list[Any]
+    loras: list[Any] | None
+    """Each prompt's ``LoRARequest`` (None for the base model), or None where no prompt names an adapter."""
+    calls: list[ToolCalls | None]
+    auto: list[Any]
+    """For ``tool_choice`` auto, the request the tool parser reads each reply against."""
+    kwargs: list[dict[str, Any]]
+    """Each prompt's ``SamplingParams`` fields."""
+    copies: list[int]
+    """Each prompt's greedy copies (`greedy_copies`)."""
+
+
+class _Queued:
+    """A micro-batch in vLLM's queue (`Submitted`)."""
+
+    def __init__(self, engine: VllmEngine, ids: list[str], requests: _Requests) -> None:
+        self._engine, self._ids, self._requests = engine, ids, requests
+
+    def result(self) -> list[dict[str, Any]]:
+        return self._engine._responses(self._requests, self._engine._loaded_feed().wait(self._ids))
+
+    def cancel(self) -> None:
+        if self._engine._feed is not None:
+            self._engine._feed.abort(self._ids)
 
 
 def _embedding_prompt(item: str | list[int], tokenizer: Any, truncate_at: int | None) -> Any:

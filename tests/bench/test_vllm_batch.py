@@ -51,4 +51,8 @@ def test_the_bench_runs_the_same_requests_through_run_batch_and_batchery_and_pri
     assert tokens and tokens[1] == tokens[2], out
     assert re.search(r"first result +[\d.]+ s", out)
     assert re.search(r"CPU: run-batch [\d.]+ s .*, Batchery [\d.]+ s .*the rest of the machine kept [\d.]+ cores", out)
+    feed = re.findall(r"^  (one micro-batch of [\d,]+ at a time|queued ahead, micro-batches of [\d,]+ \(the slot\)) +"
+                      r"[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+) +([\d,]+)$", out, re.MULTILINE)  # fmt: skip
+    assert len(feed) == 4, out
+    assert re.search(r"queued ahead / one at a time \(requests/s\), each round: [\d.]+, [\d.]+", out), out
     assert "rerun: python manage.py bench --only-vllm --vllm-requests 40" in out

@@ -68,12 +68,55 @@ class FakeLLM:
         ids = [p["prompt_token_ids"] if isinstance(p, dict) else [1] * len(p) for p in prompts]
         return [EmbeddingRequestOutput(own, EmbeddingOutput([float(len(own))])) for own in ids]
 
+    def enqueue(
+        self, prompts: list[str], sampling_params: Any = None, *, use_tqdm: bool = True, lora_request: Any = None
+    ) -> list[str]:
+        return self.llm_engine.queue(
+            self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+        )
+
+    def enqueue_chat(self, messages: list[Any], sampling_params: Any = None, **kwargs: Any) -> list[str]:
+        return self.llm_engine.queue(self.chat(messages, sampling_params, **kwargs))
+
     @property
-    def llm_engine(self) -> Any:
-        return types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=self.kwargs.get("max_model_len")))
+    def llm_engine(self) -> FakeEngine:
+        if not hasattr(self, "_engine"):
+            self._engine = FakeEngine(max_model_len=self.kwargs.get("max_model_len"))
+        return self._engine
 
     def get_tokenizer(self) -> FakeTokenizer:
         return FakeTokenizer()
+
+
+class FakeEngine:
+    """vLLM's engine as the feed steps it: a queued request is answered at the next step."""
+
+    def __init__(self, *, max_model_len: int | None) -> None:
+        self.model_config = types.SimpleNamespace(max_model_len=max_model_len)
+        self.queued: list[Any] = []
+        self.added = 0
+
+    def queue(self, outputs: list[Any]) -> list[str]:
+        ids = []
+        for output in outputs:
+            output.request_id, output.finished = str(self.added), True
+            self.added += 1
+            self.queued.append(output)
+            ids.append(f"{output.request_id}-0a1b2c3d")  # the engine's internal id, as vLLM's enqueue returns
+        return ids
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.queued)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.queued)
+
+    def step(self) -> list[Any]:
+        answered, self.queued = self.queued, []
+        return answered
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.queued = [output for output in self.queued if output.request_id not in request_ids]
 
 
 class FakeTokenizer:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuworkers.batching import Item, run_records
 from gpuworkers.cache import ModelCache
 from gpuworkers.engines import EngineLoadError
 from gpuworkers.engines.base import ADAPTER_PARAM
@@ -102,6 +103,31 @@ class TestGenerate:
         content = response["logprobs"]["content"]
         assert len(content) == response["usage"]["completion_tokens"]
         assert all(len(token["top_logprobs"]) == 2 for token in content)
+
+    def test_micro_batches_queued_ahead_keep_the_engine_fuller_and_answer_as_one_batch_at_a_time(
+        self, engine: VllmEngine
+    ) -> None:
+        items = [Item(str(n), f"prompt {n}", {"max_tokens": 2 + n % 7}) for n in range(24)]
+        params = {"temperature": 0}
+        before = engine.occupancy.steps, engine.occupancy.requests
+        one_at_a_time = [
+            response
+            for start in range(0, len(items), 6)
+            for response in engine.run_requests(
+                [item.value for item in items[start : start + 6]],
+                [{**params, **(item.params or {})} for item in items[start : start + 6]],
+            )
+        ]
+        between = engine.occupancy.steps, engine.occupancy.requests
+        queued_ahead = list(run_records(engine, items, params=params, micro_batch_size=6))
+        after = engine.occupancy.steps, engine.occupancy.requests
+
+        assert [result.response for result in queued_ahead] == one_at_a_time
+        held_one_at_a_time = (between[1] - before[1]) / (between[0] - before[0])
+        held_queued_ahead = (after[1] - between[1]) / (after[0] - between[0])
+        # One micro-batch at a time, the engine drains to its longest request at each end; queued ahead, the next
+        # micro-batch's requests wait in it meanwhile.
+        assert held_queued_ahead > held_one_at_a_time + 2, (held_one_at_a_time, held_queued_ahead)
 
     def test_the_engine_reports_its_memory_share(self, engine: VllmEngine) -> None:
         if slot_device() == "cpu":
