@@ -26,7 +26,7 @@ from typing import Any
 from bench.environment import environment
 from bench.py_spy import machine_busy_seconds
 from gpuworkers.engines import vllm_platform
-from gpuworkers.engines.vllm import engine_kwargs
+from gpuworkers.engines.vllm_load import engine_kwargs
 from gpuworkers.slots import Slot
 
 READY_LINE = "Reading batch from"

@@ -16,7 +16,6 @@ part); the slot judges every conversation again before vLLM's parser sees it, wi
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuworkers.engines.base import json_kind
+from gpuworkers.engines.vllm_load import parameter_names
 from tasks.shared.config import MAX_MEDIA_BYTES, MAX_MEDIA_RECORD_BYTES, MEDIA_ALLOWED_HOSTS, is_host_name
 
 TEXT_PART_TYPES: dict[str, str] = {"text": "text", "refusal": "refusal"}
@@ -147,20 +147,13 @@ def confine_media_fetches(vllm: Any) -> dict[str, Any]:
     load params: `require_fetch_free` of each conversation comes first, and this holds where it missed one.
     """
     os.environ["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] = "0"
-    arguments = _parameter_names(vllm.LLM) | _parameter_names(getattr(vllm, "EngineArgs", None))
+    arguments = parameter_names(vllm.LLM) | parameter_names(getattr(vllm, "EngineArgs", None))
     kwargs: dict[str, Any] = {}
     if "allowed_local_media_path" in arguments:
         kwargs["allowed_local_media_path"] = ""
     if "allowed_media_domains" in arguments:
         kwargs["allowed_media_domains"] = sorted(MediaPolicy.configured().allowed_hosts) or [NO_MEDIA_HOST]
     return kwargs
-
-
-def _parameter_names(callable_: Any) -> set[str]:
-    try:
-        return set(inspect.signature(callable_).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def _part_problem(part: Any, where: str, policy: MediaPolicy) -> tuple[MediaProblem | None, int]:

@@ -17,7 +17,8 @@ import pytest
 from gpuworkers.engines import EngineLoadError, create_engine, grammar_gate
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.sampling import ParamError
-from gpuworkers.engines.vllm import DEFAULT_GPU_MEMORY_UTILIZATION, VllmEngine
+from gpuworkers.engines.vllm import VllmEngine
+from gpuworkers.engines.vllm_load import DEFAULT_GPU_MEMORY_UTILIZATION
 from gpuworkers.spec import ModelSpec
 from tests.support import grammar_compilers
 from tests.support.vllm_standins import (

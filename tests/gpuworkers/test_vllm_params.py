@@ -10,7 +10,7 @@ import pytest
 
 from gpuworkers.engines import EngineLoadError
 from gpuworkers.engines.sampling import sampling_kwargs
-from gpuworkers.engines.vllm import (
+from gpuworkers.engines.vllm_load import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     embed_runner_kwargs,
     engine_kwargs,
