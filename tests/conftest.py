@@ -14,7 +14,7 @@ import pytest
 from tests.factories import ModelFactory, TenantFactory
 from tests.support.moto_server import running_moto_server
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
-from tests.support.workers import WorkerProcess, database_url, start_worker, wait_until_consuming
+from tests.support.workers import WorkerProcess, database_url, start_worker, stop_workers, wait_until_consuming
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -133,5 +133,4 @@ def pipeline_workers(
         wait_until_consuming(list(workers.values()))
         yield workers
     finally:
-        for worker in workers.values():
-            worker.stop()
+        stop_workers(workers.values())

@@ -26,7 +26,7 @@ from tests.chaos.conftest import ARTIFACTS
 from tests.factories import GpuClassFactory, ModelFactory
 from tests.support.jobs import wait_for_job
 from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_lora
-from tests.support.workers import WorkerProcess, database_url, start_worker, wait_until_consuming
+from tests.support.workers import WorkerProcess, database_url, start_worker, stop_workers, wait_until_consuming
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -62,8 +62,7 @@ def slots(pipeline_workers: dict[str, Any]) -> Iterator[dict[str, WorkerProcess]
         wait_until_consuming(list(workers.values()))
         yield workers
     finally:
-        for process in workers.values():
-            process.stop()
+        stop_workers(workers.values())
         with app.connection_for_write() as broker:
             for queue in [QUEUE, *(slot_own_queue(QUEUE, worker) for worker in workers)]:
                 broker.SimpleQueue(queue).clear()

@@ -28,7 +28,7 @@ import psutil
 from portal.devstack.embedded import EmbeddedRedis, start_embedded_redis
 from portal.jobs.models import Job
 from tasks.shared.storage import store_for
-from tests.support.workers import REPO, WorkerProcess, start_worker
+from tests.support.workers import REPO, WorkerProcess, start_worker, stop_workers
 
 CHAOS_ENV = {
     "BATCHERY_RECONCILE_INTERVAL_S": "2",
@@ -171,7 +171,7 @@ class ChaosStack:
             if worker.process.poll() is None:
                 for child in psutil.Process(worker.process.pid).children(recursive=True):
                     child.send_signal(signal.SIGCONT)
-            worker.stop(timeout_s=10)
+        stop_workers(self.workers.values(), timeout_s=10)
         if self.redis is not None:
             self.redis.stop()
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -31,16 +32,27 @@ class WorkerProcess:
         return "\n".join(text[-lines:])
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        if self.process.poll() is None:
+        stop_workers([self], timeout_s=timeout_s)
+
+
+def stop_workers(workers: Iterable[WorkerProcess], *, timeout_s: float = 20.0) -> None:
+    """Stop the workers together: each is told first, then each is waited for (a Celery worker's warm shutdown takes
+    seconds even idle, so a stack's workers stopped one after the other took a test's teardown ten seconds or more);
+    one still running after `timeout_s` is killed with its pool."""
+    workers = list(workers)
+    for worker in workers:
+        if worker.process.poll() is None:
             # SIGTERM to the main process only is Celery's warm shutdown; sent to the whole group it
             # would also kill the pool child in the middle of its task.
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.log.close()
+            worker.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            worker.process.wait()
+        worker.log.close()
 
 
 CONFIGURED_SERVICES = {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "BATCHERY_STORAGE_URL"}
