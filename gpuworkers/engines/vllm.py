@@ -25,7 +25,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -104,6 +104,7 @@ class VllmEngine:
         self._loras = VllmLoras(spec.name, spec.load_params)
         self._grammars: GrammarGate | None = None
         self._backend: str | None = None
+        self._restore_torch_threads: Callable[[], None] = _nothing
 
     def load(self, *, device: str) -> None:
         if self.spec.task not in TASKS:
@@ -132,9 +133,12 @@ class VllmEngine:
         parser_name = self.spec.load_params.get("tool_call_parser")
         parser_class = None if parser_name is None else tool_parser_class(parser_name)
         forbid_hub_downloads()
+        if on_cpu:
+            self._restore_torch_threads = vllm_platform.torch_threads_setter_keeper()
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as exc:
+            self._restore_torch_threads()
             if is_sticky_device_error(exc):
                 raise StickyDeviceError(f"the device's context broke while loading {self.spec.name!r}") from exc
             raise EngineLoadError(
@@ -361,6 +365,8 @@ class VllmEngine:
         if self._backend != "cpu":
             # In the CPU build's process, vLLM's shutdown has just done it.
             destroy_distributed_state()
+        self._restore_torch_threads()
+        self._restore_torch_threads = _nothing
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
@@ -379,6 +385,10 @@ class VllmEngine:
     def occupancy(self) -> Occupancy:
         """What vLLM's engine held at each step this engine took (`VllmFeed.occupancy`)."""
         return self._loaded_feed().occupancy
+
+
+def _nothing() -> None:
+    return None
 
 
 def _enqueue_chat(conversations: list[Any], sampling_params: list[Any], extra: dict[str, Any], llm: Any) -> list[str]:

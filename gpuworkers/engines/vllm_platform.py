@@ -12,7 +12,7 @@ another slot of the host also uses. A catalog entry's load params still win over
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuworkers import settings
@@ -61,3 +61,17 @@ def cpu_kwargs(load_params: Mapping[str, Any]) -> dict[str, Any]:
     if "kv_cache_memory_bytes" not in load_params:
         kwargs["kv_cache_memory_bytes"] = settings.vllm_cpu_kv_cache_bytes()
     return kwargs
+
+
+def torch_threads_setter_keeper() -> Callable[[], None]:
+    """What puts torch's own ``set_num_threads`` back, taken before a CPU-build engine starts: its worker replaces it,
+    for the whole process, with one that does nothing (it means its bound threads to stay as bound). The slot's
+    threads are not bound (`CPU_ENVIRONMENT`), and the engines the slot loads after it unloads set their threads."""
+    import torch
+
+    original = torch.set_num_threads
+
+    def restore() -> None:
+        torch.set_num_threads = original
+
+    return restore

@@ -9,10 +9,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.audit.models import AuditEntry
-from portal.catalog.models import GpuClass
 from portal.tenancy.models import FairShareUsage, Membership, Tenant
 from tests.api.conftest import Caller
-from tests.factories import TenantFactory, UserFactory
+from tests.factories import GpuClassFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +26,7 @@ def operator() -> APIClient:
 def test_an_operator_sets_a_weight_and_the_change_is_audited(operator: APIClient) -> None:
     tenant = TenantFactory(name="research")
     FairShareUsage.objects.create(
-        tenant=tenant, gpu_class=GpuClass.objects.get(name="cpu"), usage=120.0, updated_at=timezone.now()
+        tenant=tenant, gpu_class=GpuClassFactory(name="cpu"), usage=120.0, updated_at=timezone.now()
     )
 
     listed = operator.get("/api/v1/tenants/")

@@ -251,6 +251,25 @@ def test_a_slot_holds_one_cpu_build_model_at_a_time_and_each_serves_after_the_ot
         cache.clear()
 
 
+def test_once_a_cpu_build_model_is_unloaded_the_slots_other_engines_set_their_torch_threads_again(
+    model_dir: Path,
+) -> None:
+    # vLLM's CPU worker replaces torch.set_num_threads, for the whole process, with one that does nothing.
+    if backend() != "cpu":
+        pytest.skip("this host's vLLM is its CUDA build, which leaves torch's threads alone")
+    import torch
+
+    threads = torch.get_num_threads()
+    engine = real_engine(model_dir, "generate")
+    engine.unload()
+    try:
+        torch.set_num_threads(1 if threads != 1 else 2)
+
+        assert torch.get_num_threads() == (1 if threads != 1 else 2)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_cpu_build_refuses_a_gpu_device_naming_itself(model_dir: Path) -> None:
     if backend() != "cpu":
         pytest.skip("this host's vLLM is its CUDA build, which runs on device cuda")
