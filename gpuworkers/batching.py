@@ -23,6 +23,7 @@ import gc
 import logging
 import re
 import sys
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -211,25 +212,24 @@ def _run_pipelined(
     if not batches:
         return
     done = errors = 0
-    ahead: _Submission | None = _submit(engine, submit, batches[0], params, on_micro_batch, propagate)
+    # Submitted and not read yet: what is still in the engine's queue if the run ends here.
+    pending = deque([_submit(engine, submit, batches[0], params, on_micro_batch, propagate)])
     try:
         for index in range(len(batches)):
-            current, ahead = ahead, None
-            assert current is not None
-            last = index + 1 == len(batches)
-            if not last and not (should_stop is not None and should_stop()):
-                ahead = _submit(engine, submit, batches[index + 1], params, on_micro_batch, propagate)
-            results = current.results(engine, params, on_out_of_memory_split, propagate)
+            if index + 1 < len(batches) and not (should_stop is not None and should_stop()):
+                pending.append(_submit(engine, submit, batches[index + 1], params, on_micro_batch, propagate))
+            results = pending[0].results(engine, params, on_out_of_memory_split, propagate)
+            pending.popleft()
             yield from results
             done += len(results)
             errors += sum(result.error is not None for result in results)
             if on_progress is not None:
                 on_progress(done, errors)
-            if ahead is None:
+            if not pending:
                 return
     finally:
-        if ahead is not None:
-            ahead.cancel()
+        for submission in pending:
+            submission.cancel()
 
 
 @dataclass

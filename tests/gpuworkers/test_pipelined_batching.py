@@ -127,3 +127,21 @@ def test_an_interrupt_while_reading_results_takes_the_queued_micro_batch_out_too
         list(run_records(engine, items_of("a", "b", "c", "d"), params={}, micro_batch_size=2, on_progress=interrupt))
 
     assert reads == 1 and engine.cancelled == [["c", "d"]]
+
+
+def test_an_interrupt_while_queueing_the_next_micro_batch_takes_the_unread_one_out() -> None:
+    class Interrupted(Exception):
+        pass
+
+    class InterruptedAtSecond(QueueingEngine):
+        def submit_requests(self, inputs: Sequence[Any], params: Sequence[Mapping[str, Any]]) -> Queued:
+            if self.queued:
+                raise Interrupted
+            return super().submit_requests(inputs, params)
+
+    engine = InterruptedAtSecond()
+
+    with pytest.raises(Interrupted):
+        list(run_records(engine, items_of("a", "b", "c", "d"), params={}, micro_batch_size=2, propagate=(Interrupted,)))
+
+    assert engine.cancelled == [["a", "b"]] and engine.queued == []
