@@ -245,7 +245,7 @@ def test_chat_takes_a_parquet_list_of_messages_or_a_text_as_the_users_turn(tmp_p
     [
         (
             "input.jsonl.gz",
-            gzip.compress(_jsonl([{"custom_id": i, "input": "x"} for i in ["a", "b", "a"]])),
+            gzip.compress(_jsonl([{"custom_id": i, "input": "x"} for i in ["a", "b", "a"]]), mtime=0),
             InputOptions(),
             "line 3: duplicate custom_id 'a' (first on line 1)",
         ),
