@@ -17,6 +17,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def run_feed_bench(model_dir: Path, requests: int, *, load_params: dict[str, Any
         engine.unload()
 
 
-def _timed(engine: VllmEngine, label: str, run: Any) -> FeedRun:
+def _timed(engine: VllmEngine, label: str, run: Callable[[], list[dict[str, Any]]]) -> FeedRun:
     steps, held = engine.occupancy.steps, engine.occupancy.requests
     started = time.perf_counter()
     responses = run()
