@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.environment import environment
+from bench.prefix import WORDS
 from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.base import ADAPTER_PARAM
 from gpuworkers.engines.lora import LoraAdapters
@@ -26,8 +27,6 @@ from gpuworkers.engines.transformers import TransformersEngine
 from gpuworkers.settings import MAX_LORAS, TORCH_THREADS, micro_batch_size
 from gpuworkers.spec import AdapterSpec, ModelSpec
 from tests.support.tiny_models import build_tiny_causal_lm, build_tiny_lora
-
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 
 ADAPTER_COUNTS = (1, 4, 16)
 """The configurations after the base model alone: adapters the records are spread over."""

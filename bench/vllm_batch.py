@@ -39,6 +39,7 @@ from django.conf import settings
 from bench.api import wait_ready
 from bench.catalog import bench_vllm_model_register
 from bench.first_result import first_committed
+from bench.prefix import WORDS
 from bench.py_spy import machine_busy_seconds, tree_cpu_seconds
 from bench.vllm_feed import FeedRun, render_feed, run_feed_child
 from bench.vllm_run_batch import (
@@ -70,7 +71,6 @@ ENDPOINT: Final = "/v1/chat/completions"
 LOAD_PARAMS: dict[str, Any] = {"block_size": 32, "max_model_len": 512}
 """The catalog's load params of the model: vLLM's CPU attention takes blocks of multiples of 32."""
 WARMUP_REQUESTS = 200
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 ENDED = {"completed", "failed", "expired", "cancelled"}
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.prefix import WORDS
 from gpuworkers.batching import Item, run_records
 from gpuworkers.engines.vllm import VllmEngine
 from gpuworkers.engines.vllm_platform import backend
@@ -29,7 +30,6 @@ from gpuworkers.settings import micro_batch_size
 from gpuworkers.spec import ModelSpec
 
 MAX_TOKENS = (8, 32)
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 
 
 @dataclass(frozen=True)
